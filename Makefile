@@ -1,0 +1,38 @@
+# The two commands a new user types: `make demo` and `make test`.
+# Both create .venv and install the project into it (editable, with dev tools) on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint unit format clean
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing bargein (first run only)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job: a whole conversation with a barge-in, printed as a live timeline.
+demo: $(STAMP)
+	$(BIN)/bargein demo
+
+## Lint, type-check, then every test (integration tests need RabbitMQ and Redis; see README).
+test: lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared services tests
+	$(BIN)/ruff format --check shared services tests
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix shared services tests
+	$(BIN)/ruff format shared services tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

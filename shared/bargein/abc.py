@@ -1,0 +1,80 @@
+"""The two seams between the runtime and the outside world.
+
+Everything above these interfaces (routes, nodes, the session runtime, the session host, the test
+harness) is shared by the in-process runtime (:mod:`bargein.memory`) and the distributed one
+(RabbitMQ + Redis). A transport moves envelopes; a state store keeps what must outlive a process
+and decides, through leases with fencing epochs, which process owns a session.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+
+from bargein.envelope import Envelope
+from bargein.events import Event
+from bargein.names import Direction, Tier
+
+Handler = Callable[[Envelope, Event], Awaitable[None]]
+
+
+class Subscription(ABC):
+    """A consumer attached to a mailbox. Cancelling stops delivery; the mailbox itself stays, so a
+    later owner (possibly another process) consumes whatever arrived meanwhile."""
+
+    @abstractmethod
+    async def cancel(self) -> None: ...
+
+
+class Transport(ABC):
+    @abstractmethod
+    async def publish(self, envelope: Envelope, direction: Direction) -> None:
+        """Route ``envelope`` to every mailbox bound to its session and direction. Control events
+        (``Event.control``) overtake data waiting in the broker."""
+
+    @abstractmethod
+    async def open_mailbox(
+        self, session: str, tier: Tier, direction: Direction, handler: Handler
+    ) -> Subscription:
+        """Declare ``tier``'s mailbox for ``session`` (idempotently) and consume it in order.
+
+        ``handler`` is awaited for one message at a time; a message is acknowledged when it returns.
+        Messages that fail to decode never reach the handler: they are dead-lettered and counted.
+        """
+
+    @abstractmethod
+    async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        """Remove a finished session's mailbox."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class StateStore(ABC):
+    """Leases with fencing epochs, and the session's checkpoint.
+
+    ``acquire_lease`` hands out a strictly increasing epoch per (tier, session); ``save_state``
+    accepts a write only from the current epoch, so a worker that lost its lease (paused, partitioned)
+    cannot overwrite the state of the worker that adopted the session.
+    """
+
+    @abstractmethod
+    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+        """Take the lease if it is free or lapsed; return the new epoch, or None if another holds it."""
+
+    @abstractmethod
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
+        """Extend a lease we hold; False means it lapsed or was taken over: stop working the session."""
+
+    @abstractmethod
+    async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None: ...
+
+    @abstractmethod
+    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+        """Store the checkpoint; :class:`~bargein.errors.StaleEpochError` if ``epoch`` is not current."""
+
+    @abstractmethod
+    async def load_state(self, tier: Tier, session: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...

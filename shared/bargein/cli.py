@@ -1,0 +1,32 @@
+"""The ``bargein`` command. Each subcommand only parses its arguments and calls into the package."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bargein.errors import SettingsError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bargein", description="Interruptible voice agents, distributed.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a whole conversation with a barge-in, in one process")
+    demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            from bargein.demo import main as demo_main
+
+            return demo_main(args.agent)
+    except SettingsError as exc:
+        print(f"bargein: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

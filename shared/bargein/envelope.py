@@ -1,0 +1,110 @@
+"""The envelope every event travels in, and its msgpack codec.
+
+Every message on the bus carries where it belongs (session), where in the conversation it sits
+(turn, seq), who may have produced it (owner epoch, the fencing token), when, and the trace context.
+:func:`decode` is the single entry point for bytes from outside: it checks size first, unpacks with
+msgpack (which builds only plain data; nothing is ever unpickled or imported), validates the shape,
+and resolves the event type through the registry. Every failure is a typed
+:class:`~bargein.errors.EnvelopeError` whose ``reason`` the services count and attach to the
+dead-lettered message.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bargein.errors import (
+    InvalidEnvelope,
+    InvalidSessionId,
+    MessageTooLarge,
+    UndecodableMessage,
+)
+from bargein.events import Event, event_type
+
+WIRE_VERSION = 1
+DEFAULT_MAX_BYTES = 256 * 1024
+
+# Session ids become part of routing keys and Redis keys: no dots, no braces, bounded length.
+SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def validate_session_id(session: str) -> str:
+    if not isinstance(session, str) or not SESSION_ID_PATTERN.match(session):
+        raise InvalidSessionId(f"invalid session id {session!r}: use 1-64 of [A-Za-z0-9_-]")
+    return session
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Envelope(BaseModel):
+    """One event on the bus. ``payload`` holds the event's fields as plain data."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    v: int = WIRE_VERSION
+    type: str = Field(min_length=1, max_length=128)
+    session: str
+    turn: int = Field(default=0, ge=0)
+    seq: int = Field(default=0, ge=0)
+    epoch: int = Field(default=0, ge=0)
+    ts: float = Field(default_factory=time.time)
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=64)
+    source: str = Field(default="", max_length=128)
+    trace: dict[str, str] = Field(default_factory=dict)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def wrap(cls, session: str, event: Event, **fields: Any) -> Envelope:
+        validate_session_id(session)
+        return cls(type=event.type_name(), session=session, payload=event.model_dump(mode="json"), **fields)
+
+    @property
+    def control(self) -> bool:
+        return event_type(self.type).control
+
+    def event(self) -> Event:
+        """The typed event; :class:`InvalidEnvelope` if the payload does not fit the type."""
+        cls = event_type(self.type)
+        try:
+            return cls.model_validate(self.payload)
+        except ValidationError as exc:
+            raise InvalidEnvelope(f"{self.type} payload does not validate: {exc.errors()[:3]}") from None
+
+    def routing_key(self) -> str:
+        return f"{self.session}.{self.type}"
+
+
+def encode(envelope: Envelope) -> bytes:
+    data: bytes = msgpack.packb(envelope.model_dump(), use_bin_type=True)
+    return data
+
+
+def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope, Event]:
+    """Bytes from the bus → (envelope, event). Raises a typed EnvelopeError and nothing else."""
+    if len(raw) > max_bytes:
+        raise MessageTooLarge(f"message of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for malformed input
+        raise UndecodableMessage(f"not a msgpack message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidEnvelope(f"envelope must be a map, got {type(data).__name__}")
+    if data.get("v") != WIRE_VERSION:
+        raise InvalidEnvelope(f"unsupported envelope version {data.get('v')!r}")
+    session = data.get("session")
+    validate_session_id(session)  # type: ignore[arg-type]  # validated at runtime
+    if isinstance(data.get("type"), str):
+        event_type(data["type"])  # unknown types fail as UnknownEventType, before shape errors
+    try:
+        envelope = Envelope.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidEnvelope(f"malformed envelope: {exc.errors()[:3]}") from None
+    return envelope, envelope.event()

@@ -1,0 +1,46 @@
+"""Typed errors, so callers can tell a bad message from a bad route from a bad setting."""
+
+from __future__ import annotations
+
+
+class BargeinError(Exception):
+    """Base of every error bargein raises on purpose."""
+
+
+class SettingsError(BargeinError):
+    """A ``BARGEIN_*`` variable has a value that cannot be used."""
+
+
+class RouteError(BargeinError, TypeError):
+    """A route was declared wrongly; raised when the route is declared, not when it first runs."""
+
+
+class EnvelopeError(BargeinError, ValueError):
+    """A message from the bus could not be accepted. ``reason`` is a short stable code for counters
+    and the dead-letter header."""
+
+    reason = "invalid"
+
+
+class UndecodableMessage(EnvelopeError):
+    reason = "undecodable"
+
+
+class MessageTooLarge(EnvelopeError):
+    reason = "too_large"
+
+
+class UnknownEventType(EnvelopeError):
+    reason = "unknown_type"
+
+
+class InvalidSessionId(EnvelopeError):
+    reason = "bad_session"
+
+
+class InvalidEnvelope(EnvelopeError):
+    reason = "bad_envelope"
+
+
+class StaleEpochError(BargeinError):
+    """A write carried an owner epoch older than the session's current lease: the writer was fenced."""

@@ -1,0 +1,173 @@
+"""The events agents and services exchange.
+
+Every event is a pydantic model so that a payload read off the bus is validated field by field and
+never executed. Subclasses register themselves by class name; :func:`event_type` is the only way
+the codec turns a type name from the wire into a class, so an unknown name is rejected instead of
+imported.
+
+``control=True`` marks events that must overtake data (interrupts and their kin): the transports
+publish them at high priority.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bargein.errors import UnknownEventType
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+
+class Event(BaseModel):
+    """Base of all events. Subclass it to define your own; the class name is its wire name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    control: ClassVar[bool] = False
+
+    def __init_subclass__(cls, *, control: bool | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if control is not None:
+            cls.control = control
+        name = cls.__name__
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__module__ != cls.__module__:
+            raise TypeError(
+                f"event type name {name!r} is already defined in {existing.__module__}; "
+                "event class names must be unique because they are the wire name"
+            )
+        _REGISTRY[name] = cls
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+
+def event_type(name: str) -> type[Event]:
+    """The registered event class called ``name``; :class:`UnknownEventType` otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownEventType(f"unknown event type {name!r}") from None
+
+
+def registered_event_types() -> dict[str, type[Event]]:
+    return dict(_REGISTRY)
+
+
+# --- the user's side of the conversation ---------------------------------------------------------
+
+
+class UserStartedSpeaking(Event, control=True):
+    """The caller began to speak: the usual barge-in."""
+
+
+class UserStoppedSpeaking(Event):
+    """The caller finished a turn: the usual trigger for a generation."""
+
+
+class UserTranscriptionReceived(Event):
+    content: str
+
+
+# --- the agent's side -----------------------------------------------------------------------------
+
+
+class AgentStartedSpeaking(Event):
+    pass
+
+
+class AgentStoppedSpeaking(Event):
+    pass
+
+
+class AgentResponse(Event):
+    content: str
+    chunk_type: str = "text"
+
+
+class AgentSpeechSent(Event):
+    """Text the client edge has actually delivered to the caller."""
+
+    content: str
+
+
+class AgentGenerationComplete(Event):
+    pass
+
+
+class AgentError(Event):
+    message: str = ""
+    code: str = "agent_error"
+
+
+class ToolCall(Event):
+    tool_name: str
+    tool_args: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = None
+
+
+class ToolResult(Event):
+    tool_name: str
+    tool_args: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+    tool_call_id: str | None = None
+
+
+class LogMetric(Event):
+    name: str
+    value: Any = None
+
+
+class CustomReceived(Event):
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DTMFInputEvent(Event):
+    button: str
+
+
+class DTMFOutputEvent(Event):
+    button: str
+
+
+# --- control: these interrupt, stop or move the call ---------------------------------------------
+
+
+class EmergencyStop(Event, control=True):
+    reason: str = ""
+
+
+class AgentHandoff(Event, control=True):
+    target_agent: str = ""
+    reason: str = ""
+
+
+class EndCall(Event):
+    reason: str = ""
+
+
+class TransferCall(Event):
+    target_phone_number: str = ""
+    reason: str = ""
+
+
+# --- runtime control between the reasoning side and the client edge -------------------------------
+
+
+class TurnInterrupted(Event, control=True):
+    """Published by the session's owner the moment it cancels a turn: the edge must drop every chunk
+    of ``turn`` and earlier and tell clients to stop playing it."""
+
+    turn: int
+
+
+class SpeechDelivered(Event, control=True):
+    """Published by the client edge: chunks ``seq <= seq`` of ``turn`` reached (or were played by) the
+    caller. The owner cuts an interrupted assistant message to exactly these chunks."""
+
+    turn: int
+    seq: int

@@ -1,0 +1,115 @@
+"""Owning sessions in one process: lease, mailbox, runtime.
+
+A :class:`SessionHost` takes a session by acquiring its lease (which yields the fencing epoch),
+restores and starts a :class:`~bargein.runtime.SessionRuntime`, and attaches it to the session's
+mailbox. It renews each lease in the background; if a renewal fails another process has (or may
+take) the session, so this one stops working it at once without writing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from bargein.abc import StateStore, Subscription, Transport
+from bargein.errors import BargeinError
+from bargein.names import IN, TIER_REASONING, Tier
+from bargein.runtime import Agent, SessionInfo, SessionRuntime
+
+log = logging.getLogger("bargein.host")
+
+
+class SessionTaken(BargeinError):
+    """Another process holds this session's lease."""
+
+
+def default_owner_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _Owned:
+    runtime: SessionRuntime
+    subscription: Subscription
+    renewer: asyncio.Task[None]
+
+
+class SessionHost:
+    def __init__(
+        self,
+        transport: Transport,
+        store: StateStore,
+        agent: Agent,
+        *,
+        owner: str | None = None,
+        tier: Tier = TIER_REASONING,
+        lease_ttl_ms: int = 10_000,
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.agent = agent
+        self.owner = owner or default_owner_id()
+        self.tier = tier
+        self.lease_ttl_ms = lease_ttl_ms
+        self.sessions: dict[str, _Owned] = {}
+
+    async def open(self, info: SessionInfo) -> SessionRuntime:
+        sid = info.session_id
+        if sid in self.sessions:
+            return self.sessions[sid].runtime
+        epoch = await self.store.acquire_lease(self.tier, sid, self.owner, self.lease_ttl_ms)
+        if epoch is None:
+            raise SessionTaken(f"session {sid} is owned by another process")
+        runtime = SessionRuntime(
+            info, self.transport, self.store, epoch=epoch, owner=self.owner, tier=self.tier
+        )
+        try:
+            await runtime.start(self.agent)
+            subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
+        except BaseException:
+            await runtime.close(checkpoint=False)
+            await self.store.release_lease(self.tier, sid, self.owner, epoch)
+            raise
+        renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
+        self.sessions[sid] = _Owned(runtime, subscription, renewer)
+        return runtime
+
+    async def close(self, session_id: str, *, release: bool = True, checkpoint: bool = True) -> None:
+        owned = self.sessions.pop(session_id, None)
+        if owned is None:
+            return
+        owned.renewer.cancel()
+        await owned.subscription.cancel()
+        await owned.runtime.close(checkpoint=checkpoint)
+        if release:
+            await self.store.release_lease(self.tier, session_id, self.owner, owned.runtime.epoch)
+        log.info("session %s closed here (released=%s)", session_id, release)
+
+    async def close_all(self) -> None:
+        for sid in list(self.sessions):
+            await self.close(sid)
+
+    async def _renew(self, session_id: str, epoch: int) -> None:
+        interval = self.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                ok = await self.store.renew_lease(self.tier, session_id, self.owner, epoch, self.lease_ttl_ms)
+            except Exception:
+                log.exception("session %s: lease renewal failed; will retry", session_id)
+                continue
+            if not ok:
+                log.warning("session %s: lease lost (epoch %d); stopping work on it", session_id, epoch)
+                owned = self.sessions.get(session_id)
+                if owned is not None:
+                    owned.runtime.fenced = True
+                    with contextlib.suppress(Exception):
+                        asyncio.get_running_loop().create_task(
+                            self.close(session_id, release=False, checkpoint=False)
+                        )
+                return

@@ -1,0 +1,65 @@
+"""Every exchange, queue, routing key and Redis key bargein uses, in one place.
+
+Routing keys are ``<session>.<direction>.<EventName>``: ``in`` is toward the agent (the caller's
+speech, text, delivery reports), ``out`` is from the agent (its responses, turn control). A tier's
+per-session mailbox binds ``<session>.<direction>.#``. Redis keys are hash-tagged by session
+(``{<session>}``) so that every key of one session lands in one Redis Cluster slot and the Lua
+check-and-set scripts can touch them together.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Direction = Literal["in", "out"]
+Tier = Literal["reasoning", "edge", "speech"]
+
+IN: Direction = "in"
+OUT: Direction = "out"
+
+TIER_REASONING: Tier = "reasoning"
+TIER_EDGE: Tier = "edge"
+TIER_SPEECH: Tier = "speech"
+
+# --- RabbitMQ -------------------------------------------------------------------------------------
+EVENTS_EXCHANGE = "bargein.events"  # topic: every session event
+AUDIO_EXCHANGE = "bargein.audio"  # topic, transient: client audio frames
+DEAD_EXCHANGE = "bargein.dead"  # fanout: messages no consumer could accept, with a reason header
+DEAD_QUEUE = "bargein.dead"
+DEAD_REASON_HEADER = "x-bargein-reason"
+
+PRIORITY_DATA = 0
+PRIORITY_CONTROL = 1  # mailboxes are declared with x-max-priority = PRIORITY_CONTROL
+
+
+def routing_key(session: str, direction: Direction, event_name: str) -> str:
+    return f"{session}.{direction}.{event_name}"
+
+
+def mailbox_binding(session: str, direction: Direction) -> str:
+    return f"{session}.{direction}.#"
+
+
+def mailbox_queue(tier: Tier, session: str) -> str:
+    return f"bargein.mailbox.{tier}.{session}"
+
+
+def session_work_queue(tier: Tier) -> str:
+    """Session starts waiting for a worker of ``tier`` with room (competing consumers)."""
+    return f"bargein.sessions.{tier}"
+
+
+# --- Redis ----------------------------------------------------------------------------------------
+KEY_PREFIX = "bargein"
+
+
+def lease_key(tier: Tier, session: str) -> str:
+    return f"{KEY_PREFIX}:{{{session}}}:lease:{tier}"
+
+
+def epoch_key(tier: Tier, session: str) -> str:
+    return f"{KEY_PREFIX}:{{{session}}}:epoch:{tier}"
+
+
+def state_key(tier: Tier, session: str) -> str:
+    return f"{KEY_PREFIX}:{{{session}}}:state:{tier}"

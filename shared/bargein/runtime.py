@@ -1,0 +1,421 @@
+"""One session, running in whichever process owns it.
+
+:class:`SessionRuntime` is the same code in-process and distributed; only the transport and the
+state store behind it differ. The path of an event:
+
+1. the transport hands the decoded envelope to :meth:`SessionRuntime.handle` (one at a time, in
+   mailbox order); it becomes a :class:`~bargein.message.Message` on the session's inbox;
+2. the dispatcher applies every route's control clauses first (an interrupt cancels the running
+   turn right here and :class:`~bargein.events.TurnInterrupted` goes out before the turn has even
+   unwound), then delivers the message to the routes it starts;
+3. a route run is a :class:`TurnRun`; everything it broadcasts goes out as an envelope stamped with
+   (session, turn, seq, epoch), unless the turn was interrupted, in which case it is dropped;
+4. after each finished turn and each interrupt handler the nodes are checkpointed to the state
+   store under the owner's epoch.
+
+The :class:`DeliveryLedger` records what each turn published and what the edge reports delivered,
+so an interrupted assistant message is cut to exactly what the caller received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from bargein import snapshot
+from bargein.abc import StateStore, Transport
+from bargein.envelope import Envelope, validate_session_id
+from bargein.errors import BargeinError, StaleEpochError
+from bargein.events import AgentResponse, Event, SpeechDelivered, TurnInterrupted
+from bargein.message import Message
+from bargein.names import OUT, TIER_REASONING, Tier
+from bargein.nodes import Node, ReasoningNode
+from bargein.route import Bridge, Route
+
+log = logging.getLogger("bargein.runtime")
+
+T = TypeVar("T")
+
+_CURRENT_RUN: contextvars.ContextVar[TurnRun | None] = contextvars.ContextVar("bargein_run", default=None)
+
+
+def current_run() -> TurnRun | None:
+    """The route run the calling code belongs to (None outside a runtime)."""
+    return _CURRENT_RUN.get()
+
+
+@dataclass
+class SessionInfo:
+    """What an agent is told about the session it is building."""
+
+    session_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+    # True when a client edge reports delivery (SpeechDelivered); then only reported chunks count
+    # as heard. Without an edge the record of what was published stands in.
+    edge_reports_delivery: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.session_id
+
+
+AgentResult = Bridge | list[Bridge] | tuple[Bridge, ...]
+Agent = Callable[[SessionInfo], AgentResult | Awaitable[AgentResult]]
+
+
+async def build_bridges(agent: Agent, session: SessionInfo) -> list[Bridge]:
+    result: Any = agent(session)
+    if inspect.isawaitable(result):
+        result = await result
+    bridges = [result] if isinstance(result, Bridge) else list(result or [])
+    if not bridges or not all(isinstance(b, Bridge) for b in bridges):
+        raise BargeinError(f"agent {agent!r} must return a Bridge or a list of Bridges, got {result!r}")
+    return bridges
+
+
+class DeliveryLedger:
+    """Per turn: the text of each published chunk, and how far the edge says the caller got."""
+
+    def __init__(self, edge_reports: bool) -> None:
+        self.edge_reports = edge_reports
+        self._chunks: dict[int, dict[int, str]] = collections.defaultdict(dict)
+        self._delivered_upto: dict[int, int] = {}
+
+    def published(self, turn: int, seq: int, text: str) -> None:
+        self._chunks[turn][seq] = text
+
+    def delivered(self, turn: int, seq: int) -> None:
+        self._delivered_upto[turn] = max(seq, self._delivered_upto.get(turn, -1))
+
+    def delivered_text(self, turn: int) -> str:
+        chunks = self._chunks.get(turn, {})
+        upto = self._delivered_upto.get(turn, -1) if self.edge_reports else max(chunks, default=-1)
+        return "".join(text for seq, text in sorted(chunks.items()) if seq <= upto)
+
+    def forget_before(self, turn: int) -> None:
+        for old in [t for t in self._chunks if t < turn]:
+            self._chunks.pop(old, None)
+            self._delivered_upto.pop(old, None)
+
+
+class TurnRun:
+    """One run of a route. It gets a turn number when it first publishes (streaming routes: when
+    they start), and after an interrupt it publishes nothing more."""
+
+    def __init__(self, runtime: SessionRuntime, trigger: Message, route: Route) -> None:
+        self.runtime = runtime
+        self.trigger = trigger
+        self.route = route
+        self.turn: int | None = None
+        self.cancelled = False
+        self.interrupted_by: Message | None = None
+        self.handler: Callable[..., Any] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.started_at = time.monotonic()
+
+    def ensure_turn(self) -> int:
+        if self.turn is None:
+            self.turn = self.runtime.allocate_turn()
+        return self.turn
+
+    def delivered_text(self) -> str:
+        return "" if self.turn is None else self.runtime.ledger.delivered_text(self.turn)
+
+    async def publish(self, value: Any, event_type: type[Event] | None) -> None:
+        if self.cancelled:
+            self.runtime.count("dropped_after_interrupt")
+            return
+        await self.runtime.publish_output(_as_event(value, event_type), self)
+
+    async def execute(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run inline (in the dispatcher), with this run as the current one."""
+        token = _CURRENT_RUN.set(self)
+        try:
+            await coro
+        finally:
+            _CURRENT_RUN.reset(token)
+
+    async def run_as_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run as its own task so an interrupt can cancel it; return once it has fully unwound."""
+        self.ensure_turn()
+
+        async def body() -> None:
+            _CURRENT_RUN.set(self)
+            await coro
+
+        self.task = asyncio.create_task(body(), name=f"turn:{self.runtime.session_id}:{self.turn}")
+        try:
+            await asyncio.wait({self.task})
+        except asyncio.CancelledError:  # the route itself is closing
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+            raise
+        if not self.task.cancelled() and self.task.exception() is not None:
+            self.runtime.count("route_errors")
+            log.error(
+                "session %s turn %s failed",
+                self.runtime.session_id,
+                self.turn,
+                exc_info=self.task.exception(),
+            )
+
+    async def interrupt(self, message: Message, handler: Callable[..., Any] | None) -> None:
+        if self.task is None or self.task.done():
+            return
+        self.cancelled = True  # from here on nothing of this turn is published
+        self.interrupted_by = message
+        self.handler = handler
+        self.task.cancel()
+        await self.runtime.turn_interrupted(self)
+
+
+def _as_event(value: Any, event_type: type[Event] | None) -> Event:
+    if isinstance(value, Event) and (event_type is None or isinstance(value, event_type)):
+        return value
+    if event_type is not None:
+        if isinstance(value, dict):
+            return event_type(**value)
+        if "content" in event_type.model_fields:
+            return event_type.model_validate({"content": value})
+    raise BargeinError(
+        f"broadcast got {type(value).__name__} {value!r:.80}; yield events or use broadcast(event_type=...)"
+    )
+
+
+class SessionRuntime:
+    def __init__(
+        self,
+        session: SessionInfo,
+        transport: Transport,
+        store: StateStore,
+        *,
+        epoch: int,
+        owner: str,
+        tier: Tier = TIER_REASONING,
+        state_ttl_ms: int = 24 * 3600 * 1000,
+    ) -> None:
+        self.session = session
+        self.session_id = validate_session_id(session.session_id)
+        self.transport = transport
+        self.store = store
+        self.epoch = epoch
+        self.owner = owner
+        self.tier = tier
+        self.state_ttl_ms = state_ttl_ms
+        self.bridges: list[Bridge] = []
+        self.ledger = DeliveryLedger(session.edge_reports_delivery)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.last_turn = 0
+        self.fenced = False
+        self._seq: dict[int, int] = {}
+        self._inbox: asyncio.Queue[tuple[Message, Bridge | None, asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, agent: Agent) -> None:
+        self.bridges = await build_bridges(agent, self.session)
+        self._name_nodes()
+        await self._restore()
+        for bridge in self.bridges:
+            for route in bridge.routes:
+                route.bind(self)
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name=f"dispatch:{self.session_id}")
+        for node in self.nodes:
+            await self.guard(node.start(), "node start")
+        log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
+
+    async def close(self, *, checkpoint: bool = True) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+            self._dispatcher = None
+        for bridge in self.bridges:
+            for route in bridge.routes:
+                await route.close()
+        if checkpoint:
+            await self.checkpoint()
+        for node in self.nodes:
+            await self.guard(node.cleanup(), "node cleanup")
+
+    @property
+    def nodes(self) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for bridge in self.bridges:
+            seen.setdefault(id(bridge.node), bridge.node)
+        return list(seen.values())
+
+    @property
+    def active_turns(self) -> int:
+        return sum(1 for b in self.bridges for r in b.routes if r.active is not None)
+
+    def _name_nodes(self) -> None:
+        taken = {n.id for n in self.nodes if n.id}
+        counts: collections.Counter[str] = collections.Counter()
+        for node in self.nodes:
+            if node.id:
+                continue
+            base = type(node).__name__
+            while True:
+                counts[base] += 1
+                candidate = base if counts[base] == 1 else f"{base}-{counts[base]}"
+                if candidate not in taken:
+                    break
+            node.id = candidate
+            taken.add(candidate)
+
+    # --- input -----------------------------------------------------------------------------------
+
+    async def handle(self, envelope: Envelope, event: Event) -> None:
+        """Transport handler: returns once the event has been dispatched (not once turns finish)."""
+        if envelope.session != self.session_id:
+            self.count("wrong_session")
+            log.warning("session %s got a message for %s; ignored", self.session_id, envelope.session)
+            return
+        message = Message.from_envelope(envelope, event)
+        if isinstance(event, SpeechDelivered):
+            self._on_delivery_report(event)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait((message, None, done))
+        await done
+
+    def _on_delivery_report(self, report: SpeechDelivered) -> None:
+        self.ledger.delivered(report.turn, report.seq)
+        for node in self.nodes:
+            if isinstance(node, ReasoningNode):
+                node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            message, origin, done = await self._inbox.get()
+            try:
+                await self._dispatch(message, origin)
+            except Exception:
+                self.count("dispatch_errors")
+                log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
+            finally:
+                if done is not None and not done.done():
+                    done.set_result(None)
+
+    async def _dispatch(self, message: Message, origin: Bridge | None) -> None:
+        bridges = [b for b in self.bridges if b is not origin and b.accepts(message)]
+        for bridge in bridges:  # control first: an interrupt acts before anything new starts
+            await bridge.apply_control(message)
+        for bridge in bridges:
+            await bridge.deliver(message)
+
+    # --- turns and output ------------------------------------------------------------------------
+
+    def new_run(self, message: Message, route: Route) -> TurnRun:
+        return TurnRun(self, message, route)
+
+    def allocate_turn(self) -> int:
+        self.last_turn += 1
+        return self.last_turn
+
+    async def publish_output(self, event: Event, run: TurnRun) -> None:
+        turn = run.ensure_turn()
+        seq = self._seq.get(turn, -1) + 1
+        self._seq[turn] = seq
+        source = run.route.bridge.node.id or ""
+        envelope = Envelope.wrap(
+            self.session_id,
+            event,
+            turn=turn,
+            seq=seq,
+            epoch=self.epoch,
+            source=source,
+            trace=run.trigger.trace,
+        )
+        if isinstance(event, AgentResponse):
+            self.ledger.published(turn, seq, event.content)
+        await self.transport.publish(envelope, OUT)
+        self.count("published")
+        # other bridges of this session hear it too (background nodes, Line-style)
+        self._inbox.put_nowait((Message.from_envelope(envelope, event), run.route.bridge, None))
+
+    async def turn_interrupted(self, run: TurnRun) -> None:
+        self.count("interrupts")
+        if run.turn is None:
+            return
+        log.info(
+            "session %s: turn %d interrupted by %s",
+            self.session_id,
+            run.turn,
+            type(run.interrupted_by.event).__name__ if run.interrupted_by else "?",
+        )
+        notice = Envelope.wrap(
+            self.session_id, TurnInterrupted(turn=run.turn), turn=run.turn, epoch=self.epoch
+        )
+        await self.transport.publish(notice, OUT)
+
+    async def turn_finished(self, run: TurnRun) -> None:
+        if run.turn is not None:
+            self._seq.pop(run.turn, None)
+            self.ledger.forget_before(run.turn - 16)
+        await self.checkpoint()
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "last_turn": self.last_turn,
+            "nodes": {node.id: snapshot.capture(node) for node in self.nodes if node.id},
+        }
+
+    async def checkpoint(self) -> None:
+        if self.fenced:
+            return
+        try:
+            data = snapshot.dumps(self.snapshot())
+            await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
+            self.count("checkpoints")
+        except StaleEpochError:
+            self.fenced = True
+            self.count("fenced")
+            log.warning("session %s: epoch %d was fenced; another owner has it", self.session_id, self.epoch)
+        except Exception:
+            self.count("checkpoint_errors")
+            log.exception("session %s: checkpoint failed", self.session_id)
+
+    async def _restore(self) -> None:
+        data = await self.store.load_state(self.tier, self.session_id)
+        if data is None:
+            return
+        state = snapshot.loads(data)
+        self.last_turn = int(state.get("last_turn", 0))
+        by_id = {node.id: node for node in self.nodes}
+        for node_id, attrs in state.get("nodes", {}).items():
+            node = by_id.get(node_id)
+            if node is None:
+                log.warning("session %s: checkpoint names unknown node %r", self.session_id, node_id)
+                continue
+            snapshot.restore(node, attrs)
+        log.info("session %s restored at turn %d", self.session_id, self.last_turn)
+
+    # --- errors and counters ---------------------------------------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    async def guard(self, awaitable: Awaitable[T], what: str, default: T | None = None) -> T | None:
+        """Await user code; its failure is logged and counted but never takes the session down."""
+        try:
+            return await awaitable
+        except Exception:
+            self.count(f"{what.replace(' ', '_')}_errors")
+            log.exception("session %s: %s raised", self.session_id, what)
+            return default

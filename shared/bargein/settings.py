@@ -1,0 +1,68 @@
+"""Every setting bargein reads, in one place.
+
+All configuration comes from the environment with the ``BARGEIN_`` prefix (see the README's
+settings table). :func:`load` turns pydantic's validation error into a :class:`SettingsError` that
+names the environment variable, so a bad deployment fails at start-up with a message an operator
+can act on instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from bargein.errors import SettingsError
+
+PREFIX = "BARGEIN_"
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+
+
+class CoreSettings(_Base):
+    """Settings shared by the SDK and every service."""
+
+    agent: str = Field(
+        default="services.reasoning.agents.default:agent",
+        description="The agent to run, as module:attribute.",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+    )
+    max_message_bytes: int = Field(
+        default=256 * 1024, ge=1024, le=16 * 1024 * 1024, description="Largest envelope accepted."
+    )
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$")
+
+
+class LLMSettings(_Base):
+    """Which language model the default agents talk to.
+
+    With no ``llm_base_url`` the agents use the scripted client, so the demo and the tests run with
+    nothing else installed.
+    """
+
+    llm_base_url: str | None = Field(default=None, description="OpenAI-compatible server, e.g. .../v1")
+    llm_api_key: str = Field(default="not-needed", description="API key sent to the LLM server.")
+    llm_model: str = Field(default="gpt-4o-mini", min_length=1)
+    llm_temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    llm_timeout_s: float = Field(default=30.0, gt=0)
+    scripted_first_token_ms: float = Field(default=250.0, ge=0, description="Scripted client latency.")
+    scripted_tokens_per_s: float = Field(default=20.0, gt=0, description="Scripted client token rate.")
+
+
+_S = TypeVar("_S", bound=BaseSettings)
+
+
+def load(cls: type[_S], **overrides: Any) -> _S:
+    """Build ``cls`` from the environment, naming the offending variable on error."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            got = err.get("input")
+            problems.append(f"{PREFIX}{field.upper()}: {err['msg']} (got {got!r})")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
