@@ -1,0 +1,26 @@
+"""Small agents and drivers the SDK tests share."""
+
+from __future__ import annotations
+
+from bargein import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
+from bargein.testing import LocalSession
+
+
+async def ask(session: LocalSession, text: str = "hello") -> None:
+    """The caller says ``text`` and stops: the usual trigger for a turn."""
+    await session.emit(UserTranscriptionReceived(content=text))
+    await session.emit(UserStoppedSpeaking())
+
+
+async def take_chunks(session: LocalSession, n: int, timeout: float = 10.0) -> list[str]:
+    """Read ``n`` AgentResponse chunks (what the caller has 'heard')."""
+    texts: list[str] = []
+    while len(texts) < n:
+        event: Event = await session.next(timeout=timeout)
+        assert isinstance(event, AgentResponse), f"expected a chunk, got {event!r}"
+        texts.append(event.content)
+    return texts
+
+
+def reply_text(events: list[Event]) -> str:
+    return "".join(e.content for e in events if isinstance(e, AgentResponse))

@@ -1,0 +1,293 @@
+"""Interrupt semantics beyond the seed's forms: ordering, waiting, idleness, fencing, history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from bargein import (
+    AgentResponse,
+    Bridge,
+    ConversationContext,
+    Event,
+    Message,
+    ReasoningNode,
+    SessionInfo,
+    SpeechDelivered,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.envelope import Envelope
+from bargein.llm import ScriptedLLM
+from bargein.names import IN
+from bargein.testing import LocalSession
+
+from .helpers import ask, reply_text, take_chunks
+
+WORDS = " ".join(f"w{i}" for i in range(40))
+
+
+def slow_llm() -> ScriptedLLM:
+    return ScriptedLLM([WORDS], first_token_delay=0.005, tokens_per_second=100)
+
+
+class Recorder(ReasoningNode):
+    """Records the order of generation starts, unwinds and handler calls."""
+
+    def __init__(self, log: list[str], *, unwind_delay: float = 0.0, handler_delay: float = 0.0) -> None:
+        super().__init__(llm_client=slow_llm())
+        self._log = log
+        self._unwind_delay = unwind_delay
+        self._handler_delay = handler_delay
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        self._log.append("start")
+        try:
+            async for text in self.generate_response(context):
+                yield AgentResponse(content=text)
+        except asyncio.CancelledError:
+            await asyncio.sleep(self._unwind_delay)  # slow cleanup: the handler must still wait
+            self._log.append("unwound")
+            raise
+        self._log.append("completed")
+
+    async def on_interrupt_generate(self, message: Message) -> None:
+        self._log.append("handler-start")
+        await asyncio.sleep(self._handler_delay)
+        self._log.append("handler-end")
+
+
+def recorder_agent(log: list[str], **kw: Any) -> Any:
+    def agent(session: SessionInfo) -> Bridge:
+        node = Recorder(log, **kw)
+        bridge = Bridge(node)
+        bridge.on(UserTranscriptionReceived).map(node.add_event)
+        (
+            bridge.on(UserStoppedSpeaking)
+            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
+            .stream(node.generate)
+            .broadcast()
+        )
+        return bridge
+
+    return agent
+
+
+async def _wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_handler_runs_after_the_cancelled_turn_has_unwound() -> None:
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log, unwind_delay=0.2)) as s:
+        await ask(s)
+        await take_chunks(s, 2)
+        await s.emit(UserStartedSpeaking())
+        await _wait_for(lambda: "handler-end" in log)
+        assert log == ["start", "unwound", "handler-start", "handler-end"]
+
+
+async def test_next_turn_waits_for_the_handler() -> None:
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log, handler_delay=0.3)) as s:
+        await ask(s)
+        await take_chunks(s, 2)
+        await s.emit(UserStartedSpeaking())
+        await s.emit(UserStoppedSpeaking())  # the next turn is requested while the handler still runs
+        events = await s.collect_turn()
+        assert log == ["start", "unwound", "handler-start", "handler-end", "start", "completed"]
+        assert reply_text(events) == WORDS
+
+
+async def test_no_handler_when_nothing_is_running() -> None:
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        await s.emit(UserStartedSpeaking())  # before any turn
+        await ask(s)
+        await s.collect_turn()
+        await s.emit(UserStartedSpeaking())  # after the turn completed
+        await s.quiet(0.1)
+        assert "handler-start" not in log
+        assert s.interrupted_turns == []
+        assert s.runtime.counters["interrupts"] == 0
+
+
+class Burst(ReasoningNode):
+    """Yields a burst of chunks at once, then idles: chunks pile up at the edge unread."""
+
+    def __init__(self, swallow_cancel: bool = False) -> None:
+        super().__init__()
+        self.swallow_cancel = swallow_cancel
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        for i in range(5):
+            yield AgentResponse(content=f"c{i} ")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if not self.swallow_cancel:
+                raise
+            yield AgentResponse(content="LEAK ")  # a misbehaving node keeps talking after the cancel
+
+
+def burst_agent(swallow_cancel: bool = False) -> Any:
+    def agent(session: SessionInfo) -> Bridge:
+        node = Burst(swallow_cancel)
+        bridge = Bridge(node)
+        bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
+        return bridge
+
+    return agent
+
+
+async def test_queued_chunks_of_an_interrupted_turn_never_reach_the_caller() -> None:
+    """Line 0.1 still delivered chunks queued before the interrupt; the edge fence drops them."""
+    async with LocalSession(burst_agent()) as s:
+        await s.emit(UserStoppedSpeaking())
+        assert await s.next() == AgentResponse(content="c0 ")  # the rest are queued, unread
+        await s.emit(UserStartedSpeaking())
+        assert await s.quiet(0.2) == []
+        assert s.fence.dropped["interrupted_turn"] == 4
+
+
+async def test_owner_publishes_nothing_after_the_interrupt_even_if_the_node_keeps_yielding() -> None:
+    async with LocalSession(burst_agent(swallow_cancel=True)) as s:
+        await s.emit(UserStoppedSpeaking())
+        await take_chunks(s, 5)
+        published = s.runtime.counters["published"]
+        await s.emit(UserStartedSpeaking())
+        assert await s.quiet(0.2) == []
+        assert s.runtime.counters["published"] == published  # nothing reached the transport
+        assert s.runtime.counters["dropped_after_interrupt"] >= 1
+
+
+async def test_history_keeps_only_what_was_delivered() -> None:
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        await ask(s, "first question")
+        heard = "".join(await take_chunks(s, 3))
+        await s.emit(UserStartedSpeaking())
+        await _wait_for(lambda: "handler-end" in log)
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        last = node.conversation_events[-1]
+        assert isinstance(last, AgentResponse) and last.content == heard == "w0 w1 w2 "
+        await ask(s, "second question")
+        await s.collect_turn()
+        roles = [(m["role"], m["content"]) for m in node.context.format_events()]
+        assert roles == [
+            ("user", "first question"),
+            ("assistant", "w0 w1 w2 "),
+            ("user", "second question"),
+        ]
+
+
+async def test_late_delivery_report_corrects_the_history() -> None:
+    """The edge's report may reach the owner after the cancel; the history follows the report."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        await ask(s)
+        await take_chunks(s, 2)
+        await _wait_for(lambda: s.runtime.counters["published"] >= 4)  # w2, w3 published, not yet read
+        await s.emit(UserStartedSpeaking())
+        await _wait_for(lambda: "handler-end" in log)
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.conversation_events[-1] == AgentResponse(content="w0 w1 ")
+        # the client reports it had played one more chunk than the edge had confirmed
+        report = Envelope.wrap(s.session_id, SpeechDelivered(turn=1, seq=2), source="edge")
+        await s.transport.publish(report, IN)
+        await s.broker.settle()
+        assert node.conversation_events[-1] == AgentResponse(content="w0 w1 w2 ")
+
+
+async def test_without_an_edge_the_published_text_stands_in() -> None:
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log), report_delivery=False) as s:
+        await ask(s)
+        await take_chunks(s, 2)
+        await s.emit(UserStartedSpeaking())
+        await _wait_for(lambda: "handler-end" in log)
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        recorded = node.conversation_events[-1]
+        assert isinstance(recorded, AgentResponse)
+        assert recorded.content.startswith("w0 w1 ")
+        assert recorded.content != WORDS and WORDS.startswith(recorded.content)
+        assert recorded.content == s.runtime.ledger.delivered_text(1)
+
+
+async def test_failing_handler_is_counted_and_the_session_goes_on() -> None:
+    def agent(session: SessionInfo) -> Bridge:
+        node = ReasoningNode(llm_client=slow_llm())
+
+        def broken(message: Message) -> None:
+            raise RuntimeError("handler bug")
+
+        bridge = Bridge(node)
+        bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking, handler=broken).stream(
+            node.generate
+        ).broadcast()
+        return bridge
+
+    async with LocalSession(agent) as s:
+        await s.emit(UserStoppedSpeaking())
+        await take_chunks(s, 1)
+        await s.emit(UserStartedSpeaking())
+        await s.emit(UserStoppedSpeaking())
+        events = await s.collect_turn()
+        assert reply_text(events) == WORDS
+        assert s.runtime.counters["interrupt_handler_errors"] == 1
+
+
+async def test_async_condition_and_zero_arg_handler() -> None:
+    calls: list[str] = []
+
+    async def condition(message: Message) -> bool:
+        await asyncio.sleep(0)
+        calls.append(f"condition:{type(message.event).__name__}")
+        return True
+
+    async def handler() -> None:
+        calls.append("handler")
+
+    def agent(session: SessionInfo) -> Bridge:
+        node = ReasoningNode(llm_client=slow_llm())
+        bridge = Bridge(node)
+        (
+            bridge.on(UserStoppedSpeaking)
+            .interrupt_on(UserStartedSpeaking, handler=handler, condition=condition)
+            .stream(node.generate)
+            .broadcast()
+        )
+        return bridge
+
+    async with LocalSession(agent) as s:
+        await s.emit(UserStoppedSpeaking())
+        await take_chunks(s, 1)
+        await s.emit(UserStartedSpeaking())
+        await _wait_for(lambda: "handler" in calls)
+        assert calls == ["condition:UserStartedSpeaking", "handler"]
+        assert s.interrupted_turns == [1]
+
+
+async def test_one_interrupt_cancels_every_route_it_names() -> None:
+    def agent(session: SessionInfo) -> list[Bridge]:
+        bridges = []
+        for name in ("a", "b"):
+            node = ReasoningNode(node_id=name, llm_client=slow_llm())
+            bridge = Bridge(node)
+            bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
+            bridges.append(bridge)
+        return bridges
+
+    async with LocalSession(agent) as s:
+        await s.emit(UserStoppedSpeaking())
+        await take_chunks(s, 2)
+        await s.emit(UserStartedSpeaking())
+        assert sorted(s.interrupted_turns) == [1, 2]
+        assert await s.quiet(0.2) == []
