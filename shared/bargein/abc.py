@@ -77,4 +77,21 @@ class StateStore(ABC):
     async def load_state(self, tier: Tier, session: str) -> bytes | None: ...
 
     @abstractmethod
+    async def delete_state(self, tier: Tier, session: str) -> None:
+        """Forget a finished session's checkpoint and epoch counter."""
+
+    # --- the directory of live sessions, which is how orphans are found ---------------------------
+
+    @abstractmethod
+    async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
+        """Record that ``session`` exists for ``tier`` (``info``: its encoded SessionInfo)."""
+
+    @abstractmethod
+    async def unregister_session(self, tier: Tier, session: str) -> None: ...
+
+    @abstractmethod
+    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+        """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption."""
+
+    @abstractmethod
     async def close(self) -> None: ...

@@ -15,6 +15,7 @@ import logging
 import time
 
 from bargein.events import (
+    AgentError,
     AgentGenerationComplete,
     AgentResponse,
     Event,
@@ -24,7 +25,7 @@ from bargein.events import (
 )
 from bargein.loader import load_agent
 from bargein.nodes import ReasoningNode
-from bargein.settings import CoreSettings, load
+from bargein.settings import CoreSettings, LLMSettings, load
 from bargein.testing import LocalSession
 from bargein.timeline import Timeline, TimelineLogHandler
 
@@ -63,11 +64,15 @@ async def _stream_until(session: LocalSession, tl: Timeline, max_chunks: int | N
         elif isinstance(event, AgentGenerationComplete):
             tl.line("agent", "▪ turn complete")
             return event
+        elif isinstance(event, AgentError):
+            tl.line("agent", f"✗ the turn failed: {event.message}")
+            return event
     return None
 
 
 async def run_demo(agent_spec: str | None = None) -> int:
     settings = load(CoreSettings)
+    load(LLMSettings)  # a bad LLM setting fails here, at start-up, not in the middle of a turn
     spec = agent_spec or settings.agent
     agent = load_agent(spec)
     tl = Timeline()

@@ -31,11 +31,11 @@ WIRE_VERSION = 1
 DEFAULT_MAX_BYTES = 256 * 1024
 
 # Session ids become part of routing keys and Redis keys: no dots, no braces, bounded length.
-SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def validate_session_id(session: str) -> str:
-    if not isinstance(session, str) or not SESSION_ID_PATTERN.match(session):
+    if not isinstance(session, str) or not SESSION_ID_PATTERN.fullmatch(session):
         raise InvalidSessionId(f"invalid session id {session!r}: use 1-64 of [A-Za-z0-9_-]")
     return session
 
@@ -87,6 +87,25 @@ def encode(envelope: Envelope) -> bytes:
     return data
 
 
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def _require_plain(obj: Any, depth: int = 0) -> None:
+    """Only plain msgpack data may cross the wire: no extension types (msgpack's timestamps
+    included), and no absurd nesting."""
+    if depth > 32:
+        raise InvalidEnvelope("message nests too deeply")
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _require_plain(key, depth + 1)
+            _require_plain(value, depth + 1)
+    elif isinstance(obj, list):
+        for value in obj:
+            _require_plain(value, depth + 1)
+    elif not isinstance(obj, _PLAIN):
+        raise InvalidEnvelope(f"message carries a {type(obj).__name__}, which is not plain data")
+
+
 def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope, Event]:
     """Bytes from the bus → (envelope, event). Raises a typed EnvelopeError and nothing else."""
     if len(raw) > max_bytes:
@@ -97,6 +116,7 @@ def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope,
         raise UndecodableMessage(f"not a msgpack message: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidEnvelope(f"envelope must be a map, got {type(data).__name__}")
+    _require_plain(data)
     if data.get("v") != WIRE_VERSION:
         raise InvalidEnvelope(f"unsupported envelope version {data.get('v')!r}")
     session = data.get("session")

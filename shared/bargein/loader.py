@@ -14,7 +14,7 @@ def load_agent(spec: str) -> Agent:
         raise SettingsError(f"BARGEIN_AGENT must look like module:attribute, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name like ".x"
         raise SettingsError(f"BARGEIN_AGENT={spec!r}: cannot import {module_name!r}: {exc}") from exc
     agent = getattr(module, attr, None)
     if agent is None or not callable(agent):

@@ -178,6 +178,7 @@ class MemoryStateStore(StateStore):
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._epochs: collections.Counter[tuple[str, str]] = collections.Counter()
         self._state: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._directory: dict[str, dict[str, bytes]] = collections.defaultdict(dict)
 
     async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
         key = (tier, session)
@@ -211,6 +212,30 @@ class MemoryStateStore(StateStore):
         if entry is None or entry[1] <= time.monotonic():
             return None
         return entry[0]
+
+    async def delete_state(self, tier: Tier, session: str) -> None:
+        self._state.pop((tier, session), None)
+
+    async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
+        self._directory[tier][session] = info
+
+    async def unregister_session(self, tier: Tier, session: str) -> None:
+        self._directory[tier].pop(session, None)
+
+    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+        now = time.monotonic()
+        out = []
+        for session, info in self._directory[tier].items():
+            lease = self._leases.get((tier, session))
+            if lease is None or lease.expires <= now:
+                out.append((session, info))
+            if len(out) >= limit:
+                break
+        return out
+
+    def expire_lease(self, tier: Tier, session: str) -> None:
+        """Test hook: the owner died and its lease ran out."""
+        self._leases.pop((tier, session), None)
 
     async def close(self) -> None:
         return None

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bargein.envelope import Envelope
+from bargein.envelope import Envelope, decode, encode
 from bargein.events import Event
 
 
@@ -40,3 +40,24 @@ class Message:
             epoch=envelope.epoch,
             trace=dict(envelope.trace),
         )
+
+    def to_envelope(self) -> Envelope:
+        return Envelope(
+            type=self.event.type_name(),
+            session=self.session,
+            turn=self.turn,
+            seq=self.seq,
+            epoch=self.epoch,
+            ts=self.timestamp,
+            id=self.id,
+            source=self.source,
+            trace=dict(self.trace),
+            payload=self.event.model_dump(mode="json"),
+        )
+
+    def encode(self) -> bytes:
+        return encode(self.to_envelope())
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Message:
+        return cls.from_envelope(*decode(raw, max_bytes=len(raw)))

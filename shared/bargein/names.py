@@ -63,3 +63,9 @@ def epoch_key(tier: Tier, session: str) -> str:
 
 def state_key(tier: Tier, session: str) -> str:
     return f"{KEY_PREFIX}:{{{session}}}:state:{tier}"
+
+
+def session_directory_key(tier: Tier) -> str:
+    """Hash session -> SessionInfo of every live session of ``tier`` (one key, deliberately global:
+    it is how workers find sessions whose owner died)."""
+    return f"{KEY_PREFIX}:sessions:{tier}"

@@ -20,6 +20,7 @@ the route's next turn starts only after the handler has returned.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -57,6 +58,17 @@ def event_types(spec: Any, what: str) -> tuple[type[Event], ...]:
 class _Step:
     kind: StepKind
     fn: Any
+
+
+@dataclass
+class _Pending:
+    """A trigger waiting for the route's worker. After a failover it may carry the turn it resumes,
+    or, for a turn interrupted just before its owner died, only the handler that is left to run."""
+
+    message: Message
+    turn: int | None = None
+    interrupted_by: Message | None = None
+    clause: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +165,9 @@ class Route:
         self.resumes: list[_Clause] = []
         self.suspended = False
         self._runtime: SessionRuntime | None = None
-        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        self.key = ""  # position in the session ("bridge.route"), set by the runtime; names checkpoints
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._active: TurnRun | None = None
 
@@ -185,8 +199,8 @@ class Route:
 
     def broadcast(self, event_type: type[Event] | None = None) -> Route:
         """Publish each value as an event of this session. ``event_type`` wraps non-event values."""
-        if event_type is not None:
-            event_types(event_type, "broadcast")
+        if event_type is not None and not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise RouteError(f"broadcast(event_type=...) takes one Event subclass, got {event_type!r}")
         self.steps.append(_Step("broadcast", event_type))
         return self
 
@@ -237,10 +251,11 @@ class Route:
     def active(self) -> TurnRun | None:
         return self._active
 
-    def bind(self, runtime: SessionRuntime) -> None:
+    def bind(self, runtime: SessionRuntime, key: str) -> None:
         self._runtime = runtime
+        self.key = key
         if self.runs_as_turns:
-            self._worker = asyncio.create_task(self._work(), name=f"route:{runtime.session_id}")
+            self._worker = asyncio.create_task(self._work(), name=f"route:{runtime.session_id}:{key}")
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -268,42 +283,93 @@ class Route:
         run = self._active
         if run is None or run.cancelled:
             return  # nothing running: no cancel, no handler
+        runtime = self._runtime_or_fail()
         if clause.condition is not None:
-            runtime = self._runtime_or_fail()
             ok = await runtime.guard(call_flexible(clause.condition, message), "condition", default=False)
             if not ok:
                 runtime.count("interrupts_declined")
                 return
-        while not self._queue.empty():  # triggers that arrived before the interrupt are stale now
-            self._queue.get_nowait()
-        await run.interrupt(message, clause.handler)
+        self._pending.clear()  # triggers that arrived before the interrupt are stale now
+        await run.interrupt(message, self.interrupts.index(clause))
 
     async def trigger(self, message: Message) -> None:
+        runtime = self._runtime_or_fail()
         if self.suspended:
-            self._runtime_or_fail().count("triggers_while_suspended")
+            runtime.count("triggers_while_suspended")
             return
+        runtime.mark_dirty()
         if self.runs_as_turns:
-            self._queue.put_nowait(message)
+            self._pending.append(_Pending(message))
+            self._wakeup.set()
         else:
-            runtime = self._runtime_or_fail()
             run = runtime.new_run(message, self)
             await runtime.guard(run.execute(self._execute(message, run)), "route")
+
+    async def _next_pending(self) -> _Pending:
+        while not self._pending:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._pending.popleft()
 
     async def _work(self) -> None:
         runtime = self._runtime_or_fail()
         while True:
-            message = await self._queue.get()
-            if self.suspended:
+            item = await self._next_pending()
+            if item.interrupted_by is not None and item.clause is not None:
+                # restored after a failover: the turn was cut off; only its handler is left to run
+                await self._run_handler(item.clause, item.interrupted_by)
+                await runtime.turn_finished(None)
                 continue
-            run = runtime.new_run(message, self)
+            if self.suspended and item.turn is None:
+                continue
+            run = runtime.new_run(item.message, self, turn=item.turn)
             self._active = run
             try:
-                await run.run_as_task(self._execute(message, run))
+                await runtime.turn_started(run)
+                await run.run_as_task(self._execute(item.message, run))
             finally:
                 self._active = None
-            if run.interrupted_by is not None and run.handler is not None:
-                await runtime.guard(call_flexible(run.handler, run.interrupted_by), "interrupt handler")
+            if run.interrupted_by is not None and run.clause is not None:
+                await self._run_handler(run.clause, run.interrupted_by)
             await runtime.turn_finished(run)
+
+    async def _run_handler(self, clause: int, message: Message) -> None:
+        handler = self.interrupts[clause].handler
+        if handler is not None:
+            await self._runtime_or_fail().guard(call_flexible(handler, message), "interrupt handler")
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def durable_state(self) -> dict[str, Any]:
+        """What an adopter needs to carry on: the running turn and the triggers still waiting."""
+        active = self._active
+        return {
+            "active": None
+            if active is None
+            else {
+                "turn": active.turn,
+                "trigger": active.trigger.encode(),
+                "interrupted_by": active.interrupted_by.encode() if active.interrupted_by else None,
+                "clause": active.clause,
+            },
+            "pending": [p.message.encode() for p in self._pending],
+        }
+
+    def restore_durable(self, state: dict[str, Any]) -> None:
+        active = state.get("active")
+        if active is not None:
+            interrupted = active.get("interrupted_by")
+            self._pending.append(
+                _Pending(
+                    Message.decode(active["trigger"]),
+                    turn=active.get("turn"),
+                    interrupted_by=Message.decode(interrupted) if interrupted else None,
+                    clause=active.get("clause"),
+                )
+            )
+        self._pending.extend(_Pending(Message.decode(raw)) for raw in state.get("pending", []))
+        if self._pending:
+            self._wakeup.set()
 
     async def _execute(self, value: Any, run: TurnRun, index: int = 0) -> None:
         """Push ``value`` through steps[index:]."""

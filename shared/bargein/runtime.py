@@ -34,7 +34,7 @@ from bargein import snapshot
 from bargein.abc import StateStore, Transport
 from bargein.envelope import Envelope, validate_session_id
 from bargein.errors import BargeinError, StaleEpochError
-from bargein.events import AgentResponse, Event, SpeechDelivered, TurnInterrupted
+from bargein.events import AgentError, AgentResponse, Event, SpeechDelivered, TurnInterrupted
 from bargein.message import Message
 from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
@@ -110,14 +110,17 @@ class TurnRun:
     """One run of a route. It gets a turn number when it first publishes (streaming routes: when
     they start), and after an interrupt it publishes nothing more."""
 
-    def __init__(self, runtime: SessionRuntime, trigger: Message, route: Route) -> None:
+    def __init__(
+        self, runtime: SessionRuntime, trigger: Message, route: Route, turn: int | None = None
+    ) -> None:
         self.runtime = runtime
         self.trigger = trigger
         self.route = route
-        self.turn: int | None = None
+        self.turn = turn  # preset when an adopter resumes a turn its previous owner had started
+        self.resumed = turn is not None
         self.cancelled = False
         self.interrupted_by: Message | None = None
-        self.handler: Callable[..., Any] | None = None
+        self.clause: int | None = None  # which interrupt_on clause cut the turn off
         self.task: asyncio.Task[None] | None = None
         self.started_at = time.monotonic()
 
@@ -159,21 +162,20 @@ class TurnRun:
             with contextlib.suppress(BaseException):
                 await self.task
             raise
-        if not self.task.cancelled() and self.task.exception() is not None:
+        error = None if self.task.cancelled() else self.task.exception()
+        if error is not None:
             self.runtime.count("route_errors")
-            log.error(
-                "session %s turn %s failed",
-                self.runtime.session_id,
-                self.turn,
-                exc_info=self.task.exception(),
-            )
+            log.error("session %s turn %s failed", self.runtime.session_id, self.turn, exc_info=error)
+            if not self.cancelled:  # tell the caller, rather than leave them waiting in silence
+                failure = AgentError(message=f"{type(error).__name__}: {error}", code="turn_failed")
+                await self.runtime.guard(self.runtime.publish_output(failure, self), "error report")
 
-    async def interrupt(self, message: Message, handler: Callable[..., Any] | None) -> None:
+    async def interrupt(self, message: Message, clause: int) -> None:
         if self.task is None or self.task.done():
             return
         self.cancelled = True  # from here on nothing of this turn is published
         self.interrupted_by = message
-        self.handler = handler
+        self.clause = clause
         self.task.cancel()
         await self.runtime.turn_interrupted(self)
 
@@ -215,7 +217,11 @@ class SessionRuntime:
         self.ledger = DeliveryLedger(session.edge_reports_delivery)
         self.counters: collections.Counter[str] = collections.Counter()
         self.last_turn = 0
-        self.fenced = False
+        self.fenced = False  # another owner took the session over: write nothing more
+        self.closed = False
+        self._dirty = False
+        self._checkpoint_lock = asyncio.Lock()
+        self._restored_routes: dict[str, Any] = {}
         self._seq: dict[int, int] = {}
         self._inbox: asyncio.Queue[tuple[Message, Bridge | None, asyncio.Future[None] | None]] = (
             asyncio.Queue()
@@ -228,25 +234,31 @@ class SessionRuntime:
         self.bridges = await build_bridges(agent, self.session)
         self._name_nodes()
         await self._restore()
-        for bridge in self.bridges:
-            for route in bridge.routes:
-                route.bind(self)
+        for b, bridge in enumerate(self.bridges):
+            for r, route in enumerate(bridge.routes):
+                route.bind(self, f"{b}.{r}")
+                if route.key in self._restored_routes:
+                    route.restore_durable(self._restored_routes[route.key])
         self._dispatcher = asyncio.create_task(self._dispatch_loop(), name=f"dispatch:{self.session_id}")
         for node in self.nodes:
             await self.guard(node.start(), "node start")
         log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
 
     async def close(self, *, checkpoint: bool = True) -> None:
+        """Stop working the session here. The checkpoint is taken *before* running turns are
+        cancelled, so it records them as running: the next owner resumes them rather than treating
+        the shutdown as an interrupt."""
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
             self._dispatcher = None
+        if checkpoint:
+            await self.checkpoint()
+        self.closed = True
         for bridge in self.bridges:
             for route in bridge.routes:
                 await route.close()
-        if checkpoint:
-            await self.checkpoint()
         for node in self.nodes:
             await self.guard(node.cleanup(), "node cleanup")
 
@@ -303,6 +315,8 @@ class SessionRuntime:
             message, origin, done = await self._inbox.get()
             try:
                 await self._dispatch(message, origin)
+                if self._dirty:  # before the event is acknowledged, so a new owner would see it
+                    await self.checkpoint()
             except Exception:
                 self.count("dispatch_errors")
                 log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
@@ -319,8 +333,11 @@ class SessionRuntime:
 
     # --- turns and output ------------------------------------------------------------------------
 
-    def new_run(self, message: Message, route: Route) -> TurnRun:
-        return TurnRun(self, message, route)
+    def new_run(self, message: Message, route: Route, turn: int | None = None) -> TurnRun:
+        return TurnRun(self, message, route, turn)
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
 
     def allocate_turn(self) -> int:
         self.last_turn += 1
@@ -349,6 +366,7 @@ class SessionRuntime:
 
     async def turn_interrupted(self, run: TurnRun) -> None:
         self.count("interrupts")
+        self.mark_dirty()
         if run.turn is None:
             return
         log.info(
@@ -362,8 +380,15 @@ class SessionRuntime:
         )
         await self.transport.publish(notice, OUT)
 
-    async def turn_finished(self, run: TurnRun) -> None:
-        if run.turn is not None:
+    async def turn_started(self, run: TurnRun) -> None:
+        run.ensure_turn()
+        if run.resumed:
+            self.count("turns_resumed")
+            log.info("session %s: resuming turn %d after a change of owner", self.session_id, run.turn)
+        await self.checkpoint()
+
+    async def turn_finished(self, run: TurnRun | None) -> None:
+        if run is not None and run.turn is not None:
             self._seq.pop(run.turn, None)
             self.ledger.forget_before(run.turn - 16)
         await self.checkpoint()
@@ -374,22 +399,35 @@ class SessionRuntime:
         return {
             "last_turn": self.last_turn,
             "nodes": {node.id: snapshot.capture(node) for node in self.nodes if node.id},
+            "routes": {
+                route.key: route.durable_state()
+                for bridge in self.bridges
+                for route in bridge.routes
+                if route.runs_as_turns
+            },
         }
 
     async def checkpoint(self) -> None:
-        if self.fenced:
-            return
-        try:
-            data = snapshot.dumps(self.snapshot())
-            await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
-            self.count("checkpoints")
-        except StaleEpochError:
-            self.fenced = True
-            self.count("fenced")
-            log.warning("session %s: epoch %d was fenced; another owner has it", self.session_id, self.epoch)
-        except Exception:
-            self.count("checkpoint_errors")
-            log.exception("session %s: checkpoint failed", self.session_id)
+        """Write the session's state under our epoch. Serialised, and the snapshot is taken inside
+        the lock, so a slow write can never overwrite a newer one."""
+        async with self._checkpoint_lock:
+            if self.fenced or self.closed:
+                return
+            self._dirty = False
+            try:
+                data = snapshot.dumps(self.snapshot())
+                await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
+                self.count("checkpoints")
+            except StaleEpochError:
+                self.fenced = True
+                self.count("fenced")
+                log.warning(
+                    "session %s: epoch %d was fenced; another owner has it", self.session_id, self.epoch
+                )
+            except Exception:
+                self._dirty = True
+                self.count("checkpoint_errors")
+                log.exception("session %s: checkpoint failed", self.session_id)
 
     async def _restore(self) -> None:
         data = await self.store.load_state(self.tier, self.session_id)
@@ -404,6 +442,7 @@ class SessionRuntime:
                 log.warning("session %s: checkpoint names unknown node %r", self.session_id, node_id)
                 continue
             snapshot.restore(node, attrs)
+        self._restored_routes = dict(state.get("routes", {}))
         log.info("session %s restored at turn %d", self.session_id, self.last_turn)
 
     # --- errors and counters ---------------------------------------------------------------------

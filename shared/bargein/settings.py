@@ -52,6 +52,20 @@ class LLMSettings(_Base):
     scripted_tokens_per_s: float = Field(default=20.0, gt=0, description="Scripted client token rate.")
 
 
+class BrokerSettings(_Base):
+    """Where RabbitMQ and Redis are, and how sessions are owned. Used by every service."""
+
+    rabbitmq_url: str = Field(default="amqp://guest:guest@localhost:5672/", pattern=r"^amqps?://")
+    redis_url: str = Field(default="redis://localhost:6379/0", pattern=r"^(redis|rediss|unix)://")
+    lease_ttl_ms: int = Field(default=5_000, ge=500, le=600_000, description="Session lease lifetime.")
+    state_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long idle session state is kept.")
+    mailbox_expiry_s: int = Field(default=3600, ge=10, description="An unused mailbox is deleted after this.")
+    max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")
+    adopt_interval_s: float = Field(default=1.0, gt=0, description="How often a worker looks for orphans.")
+    status_interval_s: float = Field(default=1.0, gt=0, description="How often a service logs its status.")
+    drain_timeout_s: float = Field(default=10.0, ge=0, description="SIGTERM: how long turns may finish.")
+
+
 _S = TypeVar("_S", bound=BaseSettings)
 
 
