@@ -90,6 +90,20 @@ class SessionHost:
             await self.store.release_lease(self.tier, session_id, self.owner, owned.runtime.epoch)
         log.info("session %s closed here (released=%s)", session_id, release)
 
+    async def abandon(self, session_id: str) -> None:
+        """Drop the session as a crashed process would: nothing acknowledged, checkpointed or
+        released (used by tests to simulate a kill)."""
+        owned = self.sessions.pop(session_id, None)
+        if owned is None:
+            return
+        owned.renewer.cancel()
+        await owned.subscription.cancel()
+        await owned.runtime.close(checkpoint=False)
+
+    async def abandon_all(self) -> None:
+        for sid in list(self.sessions):
+            await self.abandon(sid)
+
     async def close_all(self) -> None:
         for sid in list(self.sessions):
             await self.close(sid)

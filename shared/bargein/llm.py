@@ -103,9 +103,11 @@ def _split_tokens(text: str) -> list[str]:
 class ScriptedLLM:
     """A deterministic stand-in for a language model.
 
-    ``replies`` is either a sequence, answered in turn (call ``i`` to :meth:`generate_stream` on this
-    instance gets ``replies[i % len(replies)]``; a single ``str`` counts as one reply), or a function
-    of the messages. The reply is streamed word by word, each word keeping the whitespace after it:
+    ``replies`` is either a sequence, answered in turn (the agent's ``i``-th answer in the
+    conversation, i.e. a call whose messages already hold ``i`` assistant messages, gets
+    ``replies[i % len(replies)]``; a single ``str`` counts as one reply), or a function of the
+    messages. Choosing by the history rather than by a call counter keeps the reply the same when
+    another process adopts the session and regenerates a turn. The reply is streamed word by word, each word keeping the whitespace after it:
     ``first_token_delay`` seconds pass before the first chunk and ``1 / tokens_per_second`` seconds
     between chunks. Every wait is an ``asyncio.sleep``, so cancellation lands immediately.
     """
@@ -135,7 +137,6 @@ class ScriptedLLM:
                 raise ValueError("replies must not be empty")
         self.first_token_delay = first_token_delay
         self.tokens_per_second = tokens_per_second
-        self._calls = 0
 
     @classmethod
     def from_settings(cls, settings: LLMSettings) -> Self:
@@ -146,16 +147,15 @@ class ScriptedLLM:
         )
 
     def next_reply(self, messages: Messages) -> str:
-        """Choose the reply for this call (advances the cycle; :meth:`generate_stream` calls it)."""
+        """Choose the reply for ``messages`` (:meth:`generate_stream` calls it)."""
         if self._reply_fn is not None:
             reply = self._reply_fn(messages)
         else:
-            reply = self._replies[self._calls % len(self._replies)]
-        self._calls += 1
+            answered = sum(1 for m in messages if m.get("role") == "assistant")
+            reply = self._replies[answered % len(self._replies)]
         return reply
 
     def generate_stream(self, messages: Messages) -> AsyncGenerator[Chunk, None]:
-        # The reply is chosen now, at call time, so the cycle follows the order of the calls.
         return self._stream(self.next_reply(messages))
 
     async def _stream(self, reply: str) -> AsyncGenerator[Chunk, None]:

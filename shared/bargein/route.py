@@ -86,6 +86,10 @@ class _Matcher:
     def __init__(
         self, types: tuple[type[Event], ...], filter_fn: Callback | None, properties: dict[str, Any]
     ) -> None:
+        for name in properties:
+            missing = [t.__name__ for t in types if name not in t.model_fields]
+            if missing:
+                raise RouteError(f"field filter {name!r}: {', '.join(missing)} has no field {name!r}")
         self.types = types
         self.filter_fn = check_callable(filter_fn, "filter", allow_zero=False) if filter_fn else None
         self.properties = properties
@@ -304,6 +308,7 @@ class Route:
         else:
             run = runtime.new_run(message, self)
             await runtime.guard(run.execute(self._execute(message, run)), "route")
+            runtime.forget_turn(run)
 
     async def _next_pending(self) -> _Pending:
         while not self._pending:

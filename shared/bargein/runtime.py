@@ -387,10 +387,14 @@ class SessionRuntime:
             log.info("session %s: resuming turn %d after a change of owner", self.session_id, run.turn)
         await self.checkpoint()
 
-    async def turn_finished(self, run: TurnRun | None) -> None:
-        if run is not None and run.turn is not None:
+    def forget_turn(self, run: TurnRun) -> None:
+        if run.turn is not None:
             self._seq.pop(run.turn, None)
             self.ledger.forget_before(run.turn - 16)
+
+    async def turn_finished(self, run: TurnRun | None) -> None:
+        if run is not None:
+            self.forget_turn(run)
         await self.checkpoint()
 
     # --- state -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from bargein.envelope import Envelope
 from bargein.errors import RouteError
 from bargein.events import (
+    AgentError,
     AgentHandoff,
     AgentResponse,
     EmergencyStop,
@@ -729,9 +730,17 @@ async def test_a_stream_that_raises_is_counted_and_the_next_turn_runs() -> None:
     agent = agent_of(lambda b: b.on(UserTranscriptionReceived).stream(gen).broadcast())
     async with LocalSession(agent) as s:
         await s.emit(says("boom"))
-        assert await s.next(timeout=T) == reply("boom 1")
+        first_env, first = await s.next_envelope(timeout=T)
+        assert first == reply("boom 1")
+        # the failed turn tells the caller instead of leaving them in silence, within that turn
+        error_env, error = await s.next_envelope(timeout=T)
+        assert isinstance(error, AgentError), error
+        assert error.code == "turn_failed" and "stream failed" in error.message
+        assert (error_env.turn, error_env.seq) == (first_env.turn, 1)
         await s.emit(says("fine"))
-        assert await s.next(timeout=T) == reply("fine 1")
+        fine_env, fine = await s.next_envelope(timeout=T)
+        assert fine == reply("fine 1")
+        assert fine_env.turn > first_env.turn
         assert await s.next(timeout=T) == reply("fine 2")
         await assert_nothing_more(s)
         errors = {k: v for k, v in s.runtime.counters.items() if k.endswith("_errors")}

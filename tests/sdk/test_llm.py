@@ -54,8 +54,8 @@ async def collect(stream: AsyncIterator[Chunk]) -> list[str]:
 async def test_scripted_joined_chunks_equal_reply_exactly() -> None:
     replies = ["Hello there, how are you today?", "  leading and   inner  spaces, trailing too  ", "x"]
     llm = ScriptedLLM(replies, first_token_delay=0, tokens_per_second=10_000)
-    for reply in replies:
-        texts = await collect(llm.generate_stream(MESSAGES))
+    for i, reply in enumerate(replies):
+        texts = await collect(llm.generate_stream(MESSAGES + [{"role": "assistant", "content": "-"}] * i))
         assert "".join(texts) == reply
         assert len(texts) == len(reply.split())
 
@@ -65,12 +65,19 @@ async def test_scripted_streams_word_by_word_keeping_spaces() -> None:
     assert await collect(llm.generate_stream(MESSAGES)) == ["one ", "two  ", "three"]
 
 
-async def test_scripted_replies_cycle_per_call() -> None:
+async def test_scripted_replies_follow_the_conversation() -> None:
     llm = ScriptedLLM(["a", "b", "c"], first_token_delay=0, tokens_per_second=10_000)
-    # The reply is picked when generate_stream is called, so the order of calls decides it.
-    streams = [llm.generate_stream(MESSAGES) for _ in range(7)]
-    got = ["".join(await collect(s)) for s in streams]
+    history: list[dict[str, str]] = [{"role": "system", "content": "s"}]
+    got = []
+    for i in range(7):
+        history.append({"role": "user", "content": f"q{i}"})
+        answer = "".join(await collect(llm.generate_stream(history)))
+        got.append(answer)
+        history.append({"role": "assistant", "content": answer})
     assert got == ["a", "b", "c", "a", "b", "c", "a"]
+    # a fresh client (another process adopting the session) answers the same history the same way
+    again = ScriptedLLM(["a", "b", "c"], first_token_delay=0, tokens_per_second=10_000)
+    assert "".join(await collect(again.generate_stream(history[:6]))) == "c"
 
 
 async def test_scripted_single_string_is_one_reply() -> None:
@@ -97,7 +104,11 @@ async def test_scripted_default_replies_are_long_enough_to_interrupt() -> None:
     for reply in DEFAULT_REPLIES:
         assert 20 <= len(reply.split()) <= 40, reply
     llm = ScriptedLLM(first_token_delay=0, tokens_per_second=10_000)
-    got = ["".join(await collect(llm.generate_stream(MESSAGES))) for _ in DEFAULT_REPLIES]
+    answered = [{"role": "assistant", "content": "-"}]
+    got = [
+        "".join(await collect(llm.generate_stream(MESSAGES + answered * i)))
+        for i in range(len(DEFAULT_REPLIES))
+    ]
     assert got == list(DEFAULT_REPLIES)
 
 
