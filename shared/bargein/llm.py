@@ -107,9 +107,10 @@ class ScriptedLLM:
     conversation, i.e. a call whose messages already hold ``i`` assistant messages, gets
     ``replies[i % len(replies)]``; a single ``str`` counts as one reply), or a function of the
     messages. Choosing by the history rather than by a call counter keeps the reply the same when
-    another process adopts the session and regenerates a turn. The reply is streamed word by word, each word keeping the whitespace after it:
-    ``first_token_delay`` seconds pass before the first chunk and ``1 / tokens_per_second`` seconds
-    between chunks. Every wait is an ``asyncio.sleep``, so cancellation lands immediately.
+    another process adopts the session and regenerates a turn. The reply is streamed word by word,
+    each word keeping the whitespace after it: ``first_token_delay`` seconds pass before the first
+    chunk and ``1 / tokens_per_second`` seconds between chunks. Every wait is an
+    ``asyncio.sleep``, so cancellation lands immediately.
     """
 
     def __init__(

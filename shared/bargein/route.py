@@ -174,6 +174,7 @@ class Route:
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._active: TurnRun | None = None
+        self._handler_due: _Pending | None = None
 
     # --- the DSL ---------------------------------------------------------------------------------
 
@@ -335,7 +336,12 @@ class Route:
             finally:
                 self._active = None
             if run.interrupted_by is not None and run.clause is not None:
+                # Record the cut history (and that only the handler is left) before running it, so
+                # an adopter runs the handler rather than the turn if this process dies meanwhile.
+                self._handler_due = _Pending(run.trigger, run.turn, run.interrupted_by, run.clause)
+                await runtime.checkpoint()
                 await self._run_handler(run.clause, run.interrupted_by)
+                self._handler_due = None
             await runtime.turn_finished(run)
 
     async def _run_handler(self, clause: int, message: Message) -> None:
@@ -348,14 +354,20 @@ class Route:
     def durable_state(self) -> dict[str, Any]:
         """What an adopter needs to carry on: the running turn and the triggers still waiting."""
         active = self._active
+        if active is not None:
+            current: _Pending | None = _Pending(
+                active.trigger, active.turn, active.interrupted_by, active.clause
+            )
+        else:
+            current = self._handler_due
         return {
             "active": None
-            if active is None
+            if current is None
             else {
-                "turn": active.turn,
-                "trigger": active.trigger.encode(),
-                "interrupted_by": active.interrupted_by.encode() if active.interrupted_by else None,
-                "clause": active.clause,
+                "turn": current.turn,
+                "trigger": current.message.encode(),
+                "interrupted_by": current.interrupted_by.encode() if current.interrupted_by else None,
+                "clause": current.clause,
             },
             "pending": [p.message.encode() for p in self._pending],
         }

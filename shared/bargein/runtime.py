@@ -390,11 +390,11 @@ class SessionRuntime:
     def forget_turn(self, run: TurnRun) -> None:
         if run.turn is not None:
             self._seq.pop(run.turn, None)
-            self.ledger.forget_before(run.turn - 16)
 
     async def turn_finished(self, run: TurnRun | None) -> None:
-        if run is not None:
+        if run is not None and run.turn is not None:
             self.forget_turn(run)
+            self.ledger.forget_before(run.turn - 16)  # late delivery reports only concern recent turns
         await self.checkpoint()
 
     # --- state -----------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from bargein import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
 from bargein.testing import LocalSession
 
@@ -24,3 +27,10 @@ async def take_chunks(session: LocalSession, n: int, timeout: float = 10.0) -> l
 
 def reply_text(events: list[Event]) -> str:
     return "".join(e.content for e in events if isinstance(e, AgentResponse))
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` until it holds: for state changed by other tasks that signal nothing."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - there is no event to wait on
+            await asyncio.sleep(0.005)

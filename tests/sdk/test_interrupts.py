@@ -24,7 +24,7 @@ from bargein.llm import ScriptedLLM
 from bargein.names import IN
 from bargein.testing import LocalSession
 
-from .helpers import ask, reply_text, take_chunks
+from .helpers import ask, reply_text, take_chunks, wait_for
 
 WORDS = " ".join(f"w{i}" for i in range(40))
 
@@ -75,19 +75,13 @@ def recorder_agent(log: list[str], **kw: Any) -> Any:
     return agent
 
 
-async def _wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
 async def test_handler_runs_after_the_cancelled_turn_has_unwound() -> None:
     log: list[str] = []
     async with LocalSession(recorder_agent(log, unwind_delay=0.2)) as s:
         await ask(s)
         await take_chunks(s, 2)
         await s.emit(UserStartedSpeaking())
-        await _wait_for(lambda: "handler-end" in log)
+        await wait_for(lambda: "handler-end" in log)
         assert log == ["start", "unwound", "handler-start", "handler-end"]
 
 
@@ -171,7 +165,7 @@ async def test_history_keeps_only_what_was_delivered() -> None:
         await ask(s, "first question")
         heard = "".join(await take_chunks(s, 3))
         await s.emit(UserStartedSpeaking())
-        await _wait_for(lambda: "handler-end" in log)
+        await wait_for(lambda: "handler-end" in log)
         node = s.nodes[0]
         assert isinstance(node, ReasoningNode)
         last = node.conversation_events[-1]
@@ -192,9 +186,9 @@ async def test_late_delivery_report_corrects_the_history() -> None:
     async with LocalSession(recorder_agent(log)) as s:
         await ask(s)
         await take_chunks(s, 2)
-        await _wait_for(lambda: s.runtime.counters["published"] >= 4)  # w2, w3 published, not yet read
+        await wait_for(lambda: s.runtime.counters["published"] >= 4)  # w2, w3 published, not yet read
         await s.emit(UserStartedSpeaking())
-        await _wait_for(lambda: "handler-end" in log)
+        await wait_for(lambda: "handler-end" in log)
         node = s.nodes[0]
         assert isinstance(node, ReasoningNode)
         assert node.conversation_events[-1] == AgentResponse(content="w0 w1 ")
@@ -211,7 +205,7 @@ async def test_without_an_edge_the_published_text_stands_in() -> None:
         await ask(s)
         await take_chunks(s, 2)
         await s.emit(UserStartedSpeaking())
-        await _wait_for(lambda: "handler-end" in log)
+        await wait_for(lambda: "handler-end" in log)
         node = s.nodes[0]
         assert isinstance(node, ReasoningNode)
         recorded = node.conversation_events[-1]
@@ -270,7 +264,7 @@ async def test_async_condition_and_zero_arg_handler() -> None:
         await s.emit(UserStoppedSpeaking())
         await take_chunks(s, 1)
         await s.emit(UserStartedSpeaking())
-        await _wait_for(lambda: "handler" in calls)
+        await wait_for(lambda: "handler" in calls)
         assert calls == ["condition:UserStartedSpeaking", "handler"]
         assert s.interrupted_turns == [1]
 

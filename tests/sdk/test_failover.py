@@ -1,0 +1,152 @@
+"""A session survives its owner: crash or hand-over mid-turn, in process.
+
+The same code runs distributed (tests/integration kill real processes); here ``LocalSession.crash``
+drops the owner without a checkpoint or a lease release, and a fresh owner adopts the session from
+the last checkpoint, exactly as another worker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bargein import (
+    AgentGenerationComplete,
+    AgentResponse,
+    Bridge,
+    Message,
+    ReasoningNode,
+    SessionInfo,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.llm import ScriptedLLM
+from bargein.testing import LocalSession
+
+from .helpers import ask, reply_text, take_chunks, wait_for
+
+FIRST = " ".join(f"a{i}" for i in range(30))
+SECOND = " ".join(f"b{i}" for i in range(30))
+handler_calls: list[str] = []
+
+
+class Node(ReasoningNode):
+    def __init__(self) -> None:
+        super().__init__(
+            llm_client=ScriptedLLM([FIRST, SECOND], first_token_delay=0.005, tokens_per_second=100)
+        )
+
+    async def on_interrupt_generate(self, message: Message) -> None:
+        handler_calls.append(f"start:{self.id}")
+        await asyncio.sleep(0.5)
+        handler_calls.append(f"end:{self.id}")
+
+
+def agent(session: SessionInfo) -> Bridge:
+    node = Node()
+    bridge = Bridge(node)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    (
+        bridge.on(UserStoppedSpeaking)
+        .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
+        .stream(node.generate)
+        .broadcast()
+    )
+    return bridge
+
+
+def _history(s: LocalSession) -> list[tuple[str, str]]:
+    node = s.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    return [
+        (m["role"], m["content"])
+        for m in node.context.__class__(events=node.conversation_events).format_events()
+    ]
+
+
+async def _rest_of_turn(s: LocalSession) -> list[Any]:
+    events = await s.collect_turn(timeout=10)
+    assert isinstance(events[-1], AgentGenerationComplete)
+    return events
+
+
+async def test_crash_mid_turn_the_adopter_completes_the_answer_without_repeats_or_gaps() -> None:
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        heard = await take_chunks(s, 5)
+        await s.crash()
+        rest = await _rest_of_turn(s)
+        assert "".join(heard) + reply_text(rest) == FIRST  # nothing repeated, nothing missing
+        assert s.runtime.counters["turns_resumed"] == 1
+        assert s.runtime.epoch == 2
+        assert {env.turn for env, _ in s.received} == {1}  # the same turn, continued
+        # the adopter's history is whole, and the conversation goes on
+        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+        await ask(s, "q2")
+        assert reply_text(await _rest_of_turn(s)) == SECOND
+
+
+async def test_crash_between_two_turns_loses_nothing_and_continues_numbering() -> None:
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        await _rest_of_turn(s)
+        await s.crash()
+        await ask(s, "q2")
+        assert reply_text(await _rest_of_turn(s)) == SECOND
+        assert s.received[-1][0].turn == 2
+        assert _history(s) == [("user", "q1"), ("assistant", FIRST), ("user", "q2"), ("assistant", SECOND)]
+
+
+async def test_crash_before_the_turn_started_runs_it_in_the_adopter() -> None:
+    async with LocalSession(agent) as s:
+        # the events are acknowledged (checkpointed) but the owner dies before producing anything
+        await ask(s, "q1")
+        await s.crash()
+        assert reply_text(await _rest_of_turn(s)) == FIRST
+        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+
+
+async def test_crash_during_the_interrupt_handler_runs_the_handler_in_the_adopter() -> None:
+    handler_calls.clear()
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        heard = "".join(await take_chunks(s, 3))
+        await s.emit(UserStartedSpeaking())
+        assert s.interrupted_turns == [1]
+        await asyncio.sleep(0.1)  # the handler is running (it takes 0.5 s)
+        assert handler_calls == ["start:Node"]
+        await s.crash()
+        await wait_for(lambda: "end:Node" in handler_calls)
+        assert handler_calls == ["start:Node", "start:Node", "end:Node"]
+        assert await s.quiet(0.2) == []  # the interrupted turn is not resumed
+        assert _history(s) == [("user", "q1"), ("assistant", heard)]
+        await ask(s, "q2")
+        assert reply_text(await _rest_of_turn(s)) == SECOND
+
+
+async def test_graceful_hand_over_mid_turn_resumes_instead_of_interrupting() -> None:
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        heard = await take_chunks(s, 4)
+        await s.restart()
+        rest = await _rest_of_turn(s)
+        assert "".join(heard) + reply_text(rest) == FIRST
+        assert s.interrupted_turns == []
+        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+
+
+async def test_stale_owner_output_is_dropped_at_the_edge() -> None:
+    """Chunks stamped with the old owner's epoch that arrive after the new owner's are fenced."""
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        await take_chunks(s, 2)
+        await s.crash()
+        await _rest_of_turn(s)
+        from bargein.envelope import Envelope
+        from bargein.names import OUT
+
+        late = Envelope.wrap(s.session_id, AgentResponse(content="STALE"), turn=1, seq=99, epoch=1)
+        await s.transport.publish(late, OUT)
+        assert await s.quiet(0.1) == []
+        assert s.fence.dropped["stale_epoch"] >= 1
