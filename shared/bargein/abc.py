@@ -16,6 +16,7 @@ from bargein.events import Event
 from bargein.names import Direction, Tier
 
 Handler = Callable[[Envelope, Event], Awaitable[None]]
+StartHandler = Callable[[bytes], Awaitable[bool]]
 
 
 class Subscription(ABC):
@@ -43,8 +44,23 @@ class Transport(ABC):
         """
 
     @abstractmethod
+    async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
+        """Make sure ``tier``'s mailbox for ``session`` exists, so events published before its owner
+        starts consuming wait there instead of being dropped."""
+
+    @abstractmethod
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         """Remove a finished session's mailbox."""
+
+    # --- session starts: a shared work queue per tier (competing consumers) ----------------------
+
+    @abstractmethod
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None: ...
+
+    @abstractmethod
+    async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
+        """Deliver session starts one at a time. ``handler`` returns False when this process has no
+        room: the start goes back to the queue for another worker."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -165,7 +165,7 @@ class TurnInterrupted(Event, control=True):
     turn: int
 
 
-class SpeechDelivered(Event, control=True):
+class SpeechDelivered(Event):
     """Published by the client edge: chunks ``seq <= seq`` of ``turn`` reached (or were played by) the
     caller. The owner cuts an interrupted assistant message to exactly these chunks."""
 

@@ -9,17 +9,19 @@ take) the session, so this one stops working it at once without writing anything
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from bargein.abc import StateStore, Subscription, Transport
 from bargein.errors import BargeinError
 from bargein.names import IN, TIER_REASONING, Tier
 from bargein.runtime import Agent, SessionInfo, SessionRuntime
+from bargein.sessions import forget_session
 
 log = logging.getLogger("bargein.host")
 
@@ -49,6 +51,7 @@ class SessionHost:
         owner: str | None = None,
         tier: Tier = TIER_REASONING,
         lease_ttl_ms: int = 10_000,
+        state_ttl_ms: int = 24 * 3600 * 1000,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -56,6 +59,8 @@ class SessionHost:
         self.owner = owner or default_owner_id()
         self.tier = tier
         self.lease_ttl_ms = lease_ttl_ms
+        self.state_ttl_ms = state_ttl_ms
+        self._background: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, _Owned] = {}
 
     async def open(self, info: SessionInfo) -> SessionRuntime:
@@ -66,7 +71,14 @@ class SessionHost:
         if epoch is None:
             raise SessionTaken(f"session {sid} is owned by another process")
         runtime = SessionRuntime(
-            info, self.transport, self.store, epoch=epoch, owner=self.owner, tier=self.tier
+            info,
+            self.transport,
+            self.store,
+            epoch=epoch,
+            owner=self.owner,
+            tier=self.tier,
+            state_ttl_ms=self.state_ttl_ms,
+            on_end=self._ended,
         )
         try:
             await runtime.start(self.agent)
@@ -78,6 +90,22 @@ class SessionHost:
         renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
         self.sessions[sid] = _Owned(runtime, subscription, renewer)
         return runtime
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _ended(self, session_id: str) -> None:
+        """The caller hung up: close the session here and forget it everywhere."""
+        self._spawn(self.finish(session_id))
+
+    async def finish(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            return
+        await self.close(session_id, checkpoint=False)
+        await forget_session(self.transport, self.store, session_id, tier=self.tier)
+        log.info("session %s ended", session_id)
 
     async def close(self, session_id: str, *, release: bool = True, checkpoint: bool = True) -> None:
         owned = self.sessions.pop(session_id, None)
@@ -122,8 +150,5 @@ class SessionHost:
                 owned = self.sessions.get(session_id)
                 if owned is not None:
                     owned.runtime.fenced = True
-                    with contextlib.suppress(Exception):
-                        asyncio.get_running_loop().create_task(
-                            self.close(session_id, release=False, checkpoint=False)
-                        )
+                    self._spawn(self.close(session_id, release=False, checkpoint=False))
                 return

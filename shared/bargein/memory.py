@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from bargein.abc import Handler, StateStore, Subscription, Transport
+from bargein.abc import Handler, StartHandler, StateStore, Subscription, Transport
 from bargein.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.errors import EnvelopeError, StaleEpochError
 from bargein.names import Direction, Tier, mailbox_binding, mailbox_queue, routing_key
@@ -57,6 +57,8 @@ class MemoryBroker:
         self.max_message_bytes = max_message_bytes
         self.mailboxes: dict[str, _Mailbox] = {}
         self.dead: list[DeadLetter] = []
+        self.starts: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
+        self.start_wakeup: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.counters: collections.Counter[str] = collections.Counter()
         self._serial = itertools.count(1)
         self._last_serial = 0
@@ -100,6 +102,16 @@ class MemoryBroker:
                 await asyncio.sleep(0.001)
 
 
+class _TaskSubscription(Subscription):
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task = task
+
+    async def cancel(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
 class _MemorySubscription(Subscription):
     def __init__(self, box: _Mailbox) -> None:
         self._box = box
@@ -127,9 +139,8 @@ class MemoryTransport(Transport):
         self, session: str, tier: Tier, direction: Direction, handler: Handler
     ) -> Subscription:
         name = mailbox_queue(tier, session)
-        box = self.broker.mailboxes.get(name)
-        if box is None:
-            box = self.broker.mailboxes[name] = _Mailbox(name, mailbox_binding(session, direction))
+        await self.declare_mailbox(session, tier, direction)
+        box = self.broker.mailboxes[name]
         if box.consumer is not None:
             raise RuntimeError(f"mailbox {name} already has a consumer (single active consumer)")
         box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
@@ -155,6 +166,30 @@ class MemoryTransport(Transport):
                     log.exception("handler failed on %s", envelope.type)
                     broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", body)
             box.items.popleft()
+
+    async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
+        name = mailbox_queue(tier, session)
+        if name not in self.broker.mailboxes:
+            self.broker.mailboxes[name] = _Mailbox(name, mailbox_binding(session, direction))
+
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        self.broker.starts[tier].append(info)
+        self.broker.start_wakeup[tier].set()
+
+    async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
+        task = asyncio.create_task(self._consume_starts(tier, handler), name=f"starts:{tier}")
+        return _TaskSubscription(task)
+
+    async def _consume_starts(self, tier: Tier, handler: StartHandler) -> None:
+        queue, wakeup = self.broker.starts[tier], self.broker.start_wakeup[tier]
+        while True:
+            while not queue:
+                wakeup.clear()
+                await wakeup.wait()
+            info = queue.popleft()
+            if not await handler(info):
+                queue.append(info)  # no room here: back to the queue
+                await asyncio.sleep(0.05)
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         box = self.broker.mailboxes.pop(mailbox_queue(tier, session), None)

@@ -30,11 +30,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgpack
+
 from bargein import snapshot
 from bargein.abc import StateStore, Transport
 from bargein.envelope import Envelope, validate_session_id
-from bargein.errors import BargeinError, StaleEpochError
-from bargein.events import AgentError, AgentResponse, Event, SpeechDelivered, TurnInterrupted
+from bargein.errors import BargeinError, EnvelopeError, InvalidEnvelope, StaleEpochError
+from bargein.events import AgentError, AgentResponse, EndCall, Event, SpeechDelivered, TurnInterrupted
 from bargein.message import Message
 from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
@@ -65,6 +67,33 @@ class SessionInfo:
     @property
     def id(self) -> str:
         return self.session_id
+
+    def encode(self) -> bytes:
+        data: bytes = msgpack.packb(
+            {
+                "session_id": self.session_id,
+                "options": self.options,
+                "edge_reports_delivery": self.edge_reports_delivery,
+            },
+            use_bin_type=True,
+        )
+        return data
+
+    @classmethod
+    def decode(cls, raw: bytes) -> SessionInfo:
+        """A session start from the work queue; :class:`InvalidEnvelope` if it is not one."""
+        try:
+            data = msgpack.unpackb(raw, raw=False)
+            info = cls(
+                session_id=validate_session_id(data["session_id"]),
+                options=dict(data.get("options") or {}),
+                edge_reports_delivery=bool(data.get("edge_reports_delivery", False)),
+            )
+        except EnvelopeError:
+            raise
+        except Exception as exc:
+            raise InvalidEnvelope(f"not a session start: {type(exc).__name__}: {exc}") from None
+        return info
 
 
 AgentResult = Bridge | list[Bridge] | tuple[Bridge, ...]
@@ -204,6 +233,7 @@ class SessionRuntime:
         owner: str,
         tier: Tier = TIER_REASONING,
         state_ttl_ms: int = 24 * 3600 * 1000,
+        on_end: Callable[[str], None] | None = None,
     ) -> None:
         self.session = session
         self.session_id = validate_session_id(session.session_id)
@@ -213,6 +243,7 @@ class SessionRuntime:
         self.owner = owner
         self.tier = tier
         self.state_ttl_ms = state_ttl_ms
+        self.on_end = on_end
         self.bridges: list[Bridge] = []
         self.ledger = DeliveryLedger(session.edge_reports_delivery)
         self.counters: collections.Counter[str] = collections.Counter()
@@ -303,6 +334,8 @@ class SessionRuntime:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait((message, None, done))
         await done
+        if isinstance(event, EndCall) and self.on_end is not None:
+            self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
     def _on_delivery_report(self, report: SpeechDelivered) -> None:
         self.ledger.delivered(report.turn, report.seq)

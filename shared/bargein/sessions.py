@@ -1,0 +1,26 @@
+"""Creating and ending sessions: what the client edge does when a caller arrives or hangs up."""
+
+from __future__ import annotations
+
+from bargein.abc import StateStore, Transport
+from bargein.names import IN, OUT, TIER_EDGE, TIER_REASONING, Tier
+from bargein.runtime import SessionInfo
+
+
+async def create_session(
+    transport: Transport, store: StateStore, info: SessionInfo, *, tier: Tier = TIER_REASONING
+) -> None:
+    """Declare the session's mailboxes first (so nothing published from now on is lost), record it
+    in the directory (so it is adopted if its owner dies), then offer it to the tier's workers."""
+    await transport.declare_mailbox(info.session_id, tier, IN)
+    await transport.declare_mailbox(info.session_id, TIER_EDGE, OUT)
+    raw = info.encode()
+    await store.register_session(tier, info.session_id, raw)
+    await transport.publish_session_start(tier, raw)
+
+
+async def forget_session(transport: Transport, store: StateStore, session_id: str, *, tier: Tier) -> None:
+    """Remove every trace of a finished session in ``tier``: directory entry, state, mailbox."""
+    await store.unregister_session(tier, session_id)
+    await store.delete_state(tier, session_id)
+    await transport.delete_mailbox(session_id, tier)
