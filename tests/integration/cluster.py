@@ -1,0 +1,103 @@
+"""Real reasoning processes for the integration tests: start, find, kill, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9: no drain, no checkpoint, no lease release."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM: the service drains and exits by itself."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+@dataclass
+class Cluster:
+    env: dict[str, str]
+    log_dir: Path
+    processes: list[ServiceProcess] = field(default_factory=list)
+    _count: int = 0
+
+    def start(self, module: str = "services.reasoning", ready: str = "ready (up to") -> ServiceProcess:
+        self._count += 1
+        name = f"{module.rsplit('.', 1)[-1]}-{self._count}"
+        log_path = self.log_dir / f"{name}.log"
+        out = log_path.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module], cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT
+        )
+        service = ServiceProcess(name, proc, log_path)
+        self.processes.append(service)
+        deadline = time.monotonic() + 30
+        while ready not in service.log():
+            if not service.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{service.log()[-3000:]}")
+            time.sleep(0.05)
+        return service
+
+    def by_pid(self, pid: int) -> ServiceProcess:
+        return next(p for p in self.processes if p.pid == pid)
+
+    def stop_all(self) -> None:
+        for p in self.processes:
+            if p.alive():
+                p.proc.send_signal(signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {p.name} (pid {p.pid}) -----\n{p.log()[-4000:]}" for p in self.processes)
+
+
+def cluster_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        BARGEIN_RABBITMQ_URL=rabbitmq_url,
+        BARGEIN_REDIS_URL=redis_url,
+        BARGEIN_AGENT="tests.integration.agents:by_option",
+        BARGEIN_LEASE_TTL_MS="1500",
+        BARGEIN_ADOPT_INTERVAL_S="0.3",
+        BARGEIN_STATUS_INTERVAL_S="5",
+        BARGEIN_MAX_MESSAGE_BYTES="65536",
+        BARGEIN_SCRIPTED_FIRST_TOKEN_MS="5",
+        BARGEIN_SCRIPTED_TOKENS_PER_S="100",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("BARGEIN_LLM_BASE_URL", None)
+    env.update(extra)
+    return env

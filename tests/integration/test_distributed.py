@@ -1,0 +1,391 @@
+"""The distributed runtime: real reasoning processes, real RabbitMQ, real Redis.
+
+Two ``python -m services.reasoning`` processes serve every test here (they run
+``tests.integration.agents:by_option``, which builds the agent each session start names). The test
+process plays the caller and the client edge through :class:`bargein.caller.Caller` on its own
+RabbitMQ connection. Failures are real: processes are killed with SIGKILL or stopped with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from bargein import (
+    AgentGenerationComplete,
+    AgentHandoff,
+    AgentResponse,
+    CustomReceived,
+    EmergencyStop,
+    Event,
+    TurnInterrupted,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.amqp import AmqpTransport
+from bargein.caller import Caller
+from bargein.envelope import Envelope, decode, encode, new_session_id
+from bargein.names import (
+    DEAD_QUEUE,
+    DEAD_REASON_HEADER,
+    EVENTS_EXCHANGE,
+    IN,
+    TIER_REASONING,
+    lease_key,
+    mailbox_binding,
+    routing_key,
+    session_directory_key,
+    session_work_queue,
+)
+from bargein.redis_store import RedisStateStore
+from bargein.runtime import SessionInfo
+from bargein.sessions import create_session
+
+from .agents import notes_key
+from .cluster import Cluster, cluster_env
+
+SEED = "services.reasoning.agents.seed"
+T = 15.0  # generous time-out for anything that should take well under a second
+
+
+def _reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
+    """Start from a clean work queue, directory and dead-letter queue (left-overs of earlier runs)."""
+    redis.Redis.from_url(redis_url).delete(session_directory_key(TIER_REASONING))
+
+    async def purge() -> None:
+        connection = await aio_pika.connect(rabbitmq_url)
+        async with connection:
+            channel = await connection.channel()
+            for name in (session_work_queue(TIER_REASONING), DEAD_QUEUE):
+                with contextlib.suppress(Exception):
+                    queue = await channel.declare_queue(name, passive=True)
+                    await queue.purge()
+
+    asyncio.run(purge())
+
+
+@pytest.fixture(scope="module")
+def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    _reset_shared_queues(rabbitmq_url, redis_url)
+    c = Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("reasoning")))
+    c.start()
+    c.start()
+    yield c
+    c.stop_all()
+
+
+class Client:
+    """The test's side: creates sessions and plays caller + edge for each."""
+
+    def __init__(
+        self, transport: AmqpTransport, store: RedisStateStore, redis_client: aioredis.Redis
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.redis = redis_client
+        self.callers: list[Caller] = []
+
+    async def open(self, agent: str = "tests.integration.agents:probe", **options: Any) -> Caller:
+        sid = new_session_id()
+        caller = Caller(self.transport, sid)
+        await caller.attach()
+        info = SessionInfo(sid, {"agent": agent, **options}, edge_reports_delivery=True)
+        await create_session(self.transport, self.store, info)
+        self.callers.append(caller)
+        return caller
+
+    async def owner_pid(self, caller: Caller, timeout: float = T) -> int:
+        async with asyncio.timeout(timeout):
+            while True:
+                value = await self.redis.get(lease_key(TIER_REASONING, caller.session_id))
+                if value:
+                    owner = value.decode().rsplit(":", 1)[0]
+                    return int(owner.split("-")[-2])
+                await asyncio.sleep(0.05)
+
+    async def notes(self, caller: Caller) -> list[str]:
+        raw = await self.redis.lrange(notes_key(caller.session_id), 0, -1)
+        return [n.decode().split("|pid=")[0] for n in raw]
+
+    async def wait_note(self, caller: Caller, prefix: str, timeout: float = T) -> str:
+        async with asyncio.timeout(timeout):
+            while True:
+                for n in await self.notes(caller):
+                    if n.startswith(prefix):
+                        return n
+                await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIterator[Client]:
+    transport = await AmqpTransport.connect(rabbitmq_url, name="test-client")
+    store = RedisStateStore.from_url(redis_url)
+    redis_client = aioredis.Redis.from_url(redis_url)
+    c = Client(transport, store, redis_client)
+    try:
+        yield c
+    finally:
+        for caller in c.callers:
+            await caller.detach()
+        await transport.close()
+        await store.close()
+        await redis_client.aclose()
+
+
+async def ask(caller: Caller, text: str) -> None:
+    await caller.emit(UserTranscriptionReceived(content=text))
+    await caller.emit(UserStoppedSpeaking())
+
+
+async def chunks(caller: Caller, n: int) -> str:
+    out = ""
+    for _ in range(n):
+        event = await caller.next(timeout=T)
+        assert isinstance(event, AgentResponse), event
+        out += event.content
+    return out
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.content for e in events if isinstance(e, AgentResponse))
+
+
+# --- every seed form, over RabbitMQ ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "agent, interrupt",
+    [
+        (f"{SEED}:basic", UserStartedSpeaking()),
+        (f"{SEED}:custom_handler", UserStartedSpeaking()),
+        (f"{SEED}:interrupt_aware", UserStartedSpeaking()),
+        (f"{SEED}:multiple_events", UserStartedSpeaking()),
+        (f"{SEED}:multiple_events", EmergencyStop()),
+        (f"{SEED}:multiple_events", AgentHandoff(target_agent="billing")),
+        (f"{SEED}:stateful", UserStartedSpeaking()),
+    ],
+    ids=["basic", "async-handler", "node-handler", "list-user", "list-emergency", "list-handoff", "stateful"],
+)
+async def test_seed_form_interrupts_over_rabbitmq(client: Client, agent: str, interrupt: Event) -> None:
+    caller = await client.open(agent, tokens_per_s=50)
+    await ask(caller, "tell me something")
+    heard = await chunks(caller, 2)
+    await caller.emit(interrupt)
+    await caller.wait_interrupted(1, timeout=T)
+    assert await caller.quiet(0.3) == []
+    await ask(caller, "and now?")
+    events = await caller.collect_turn(timeout=T)
+    assert len(text_of(events).split()) >= 20
+    assert heard and caller.interrupted_turns == [1]
+
+
+async def test_seed_condition_declines_then_allows_over_rabbitmq(client: Client) -> None:
+    # seed.MIN_SPEAK_TIME is 1 s: a barge-in after 2 chunks is declined...
+    caller = await client.open(f"{SEED}:condition", tokens_per_s=20)
+    await ask(caller, "one")
+    await chunks(caller, 2)
+    await caller.emit(UserStartedSpeaking())
+    rest = await caller.collect_turn(timeout=T)
+    assert isinstance(rest[-1], AgentGenerationComplete) and caller.interrupted_turns == []
+    # ...and one after 1.5 s of speaking is honoured
+    await ask(caller, "two")
+    await chunks(caller, 2)
+    await asyncio.sleep(1.5)
+    await caller.emit(UserStartedSpeaking())
+    await caller.wait_interrupted(2, timeout=T)
+
+
+async def test_sessions_are_spread_over_both_processes(client: Client, cluster: Cluster) -> None:
+    callers = [await client.open(word_delay=0.01) for _ in range(8)]
+    pids = {await client.owner_pid(c) for c in callers}
+    alive = {p.pid for p in cluster.processes if p.alive()}
+    assert pids <= alive and len(pids) == 2, (pids, alive)
+
+
+# --- order, one generation at a time --------------------------------------------------------------
+
+
+async def test_per_session_order_with_many_sessions(client: Client) -> None:
+    callers = [await client.open(word_delay=0.001) for _ in range(30)]
+    for caller in callers:  # back to back, without waiting: 30 sessions x 20 events in flight
+        for i in range(20):
+            await caller.transport.publish(
+                Envelope.wrap(caller.session_id, UserTranscriptionReceived(content=f"w{i}"), seq=i), IN
+            )
+        await caller.transport.publish(Envelope.wrap(caller.session_id, UserStoppedSpeaking(), seq=20), IN)
+
+    async def check(caller: Caller) -> None:
+        events = await caller.collect_turn(timeout=30)
+        assert text_of(events) == " ".join(f"w{i}" for i in range(20))
+
+    await asyncio.gather(*(check(c) for c in callers))
+
+
+async def test_one_generation_per_session_turns_run_one_after_another(client: Client) -> None:
+    caller = await client.open(word_delay=0.01)
+    await caller.emit(UserTranscriptionReceived(content="a b c d e"))
+    for _ in range(3):
+        await caller.emit(UserStoppedSpeaking())
+    turns = [await caller.collect_turn(timeout=T) for _ in range(3)]
+    assert [text_of(t) for t in turns] == ["a b c d e"] * 3
+    order = [(env.turn, env.seq) for env, _ in caller.received]
+    assert order == sorted(order)  # every chunk of turn 1, then of turn 2, then of turn 3
+    notes = await client.notes(caller)
+    assert notes.count("completed") == 3 and not any(n.startswith("cancelled") for n in notes)
+
+
+# --- interrupts across processes ------------------------------------------------------------------
+
+
+async def test_interrupt_cancels_the_generation_in_the_owning_process(client: Client) -> None:
+    caller = await client.open(tail=200, word_delay=0.02)
+    await ask(caller, "go")
+    await chunks(caller, 3)
+    await caller.emit(UserStartedSpeaking())
+    await client.wait_note(caller, "cancelled")  # the owner's generator saw CancelledError
+    await caller.wait_interrupted(1)
+    assert await caller.quiet(0.3) == []
+
+
+async def test_interrupt_overtakes_a_backlog(client: Client) -> None:
+    caller = await client.open(tail=500, word_delay=0.02, custom_delay=0.01)
+    await ask(caller, "go")
+    await chunks(caller, 2)
+    backlog = 400  # each takes the owner 10 ms: about 4 s of queued work
+    for i in range(backlog):
+        await caller.transport.publish(
+            Envelope.wrap(caller.session_id, CustomReceived(metadata={"i": i}), seq=100 + i), IN
+        )
+    await caller.emit(UserStartedSpeaking())
+    note = await client.wait_note(caller, "cancelled", timeout=T)
+    seen = int(note.split("custom_seen=")[1])
+    assert seen < backlog / 2, f"the interrupt waited behind the backlog ({seen} of {backlog} handled)"
+
+
+async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, rabbitmq_url: str) -> None:
+    """Watch the raw output stream: after TurnInterrupted(1), no chunk of turn 1 is ever published."""
+    caller = await client.open(tail=300, word_delay=0.005)
+    connection = await aio_pika.connect(rabbitmq_url)
+    raw: list[tuple[str, int]] = []
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(exclusive=True)  # FIFO: the order the owner published in
+        await queue.bind(EVENTS_EXCHANGE, mailbox_binding(caller.session_id, "out"))
+
+        async def record(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            envelope, _ = decode(message.body)
+            raw.append((envelope.type, envelope.turn))
+            await message.ack()
+
+        await queue.consume(record)
+        await ask(caller, "go")
+        await chunks(caller, 5)
+        await caller.emit(UserStartedSpeaking())
+        await caller.wait_interrupted(1)
+        await asyncio.sleep(0.5)
+    cut = raw.index((TurnInterrupted.__name__, 1))
+    assert cut > 0
+    assert [item for item in raw[cut + 1 :] if item[1] == 1] == []
+
+
+# --- state follows the session to another process -------------------------------------------------
+
+
+async def test_stateful_node_state_reaches_the_next_turn_in_another_process(
+    client: Client, cluster: Cluster
+) -> None:
+    caller = await client.open(f"{SEED}:stateful", tokens_per_s=50)
+    await ask(caller, "tell me a story")
+    await chunks(caller, 3)
+    await caller.emit(UserStartedSpeaking())
+    await caller.wait_interrupted(1)
+    first = await client.owner_pid(caller)
+    owner = cluster.by_pid(first)
+    async with asyncio.timeout(T):  # the handler has run and checkpointed
+        while "Saved generation state for recovery" not in owner.log():  # noqa: ASYNC110 - a log file
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    owner.kill()
+    cluster.start()  # keep two processes for the other tests
+    await ask(caller, "go on")
+    events = await caller.collect_turn(timeout=T)
+    assert isinstance(events[-1], AgentGenerationComplete)
+    second = await client.owner_pid(caller)
+    assert second != first
+    assert "Resuming from previous interruption" in cluster.by_pid(second).log()
+
+
+async def test_crash_mid_turn_the_answer_arrives_whole(client: Client, cluster: Cluster) -> None:
+    caller = await client.open(tail=60, word_delay=0.03)
+    await ask(caller, "start")
+    heard = await chunks(caller, 10)
+    cluster.by_pid(await client.owner_pid(caller)).kill()
+    cluster.start()
+    rest = await caller.collect_turn(timeout=30)
+    full = "start " + " ".join(f"tail{i}" for i in range(60))
+    assert heard + text_of(rest) == full  # nothing repeated, nothing missing
+    assert caller.fence.dropped["duplicate"] >= 0
+
+
+async def test_sigterm_drains_and_another_process_resumes_the_turn(client: Client, cluster: Cluster) -> None:
+    caller = await client.open(tail=60, word_delay=0.03)
+    await ask(caller, "start")
+    heard = await chunks(caller, 10)
+    owner = cluster.by_pid(await client.owner_pid(caller))
+    cluster.start()
+    assert owner.terminate() == 0
+    assert "drained" in owner.log()
+    rest = await caller.collect_turn(timeout=30)
+    assert heard + text_of(rest) == "start " + " ".join(f"tail{i}" for i in range(60))
+    assert caller.interrupted_turns == []
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
+    client: Client, rabbitmq_url: str
+) -> None:
+    caller = await client.open(word_delay=0.005)
+    sid = caller.session_id
+    key = routing_key(sid, IN, "UserTranscriptionReceived")
+    good = Envelope.wrap(sid, UserTranscriptionReceived(content="fine"))
+    other = Envelope.wrap(new_session_id(), UserTranscriptionReceived(content="x")).model_dump()
+    bad: dict[str, bytes] = {
+        "undecodable": b"\xc1\xc1 not msgpack",
+        "unknown_type": encode(good.model_copy(update={"type": "os.system"})),
+        "too_large": encode(good.model_copy(update={"payload": {"content": "x" * 70_000}})),
+        "bad_session": encode(Envelope.model_construct(**{**other, "session": "bad.id"})),
+        "bad_envelope": encode(good.model_copy(update={"payload": {"content": 42}})),
+    }
+    await ask(caller, "before")
+    assert text_of(await caller.collect_turn(timeout=T)) == "before"
+    for body in bad.values():
+        await client.transport.publish_raw(key, body)
+    await ask(caller, "after")
+    assert text_of(await caller.collect_turn(timeout=T)) == "before after"
+
+    connection = await aio_pika.connect(rabbitmq_url)
+    reasons: list[str] = []
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
+        async with asyncio.timeout(T):
+            while len(reasons) < len(bad):
+                message = await queue.get(fail=False)
+                if message is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                await message.ack()
+                if message.headers.get("x-bargein-queue", "").endswith(sid):
+                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
+    assert sorted(reasons) == sorted(bad)
