@@ -8,7 +8,7 @@ import sys
 from bargein.errors import SettingsError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bargein", description="Interruptible voice agents, distributed.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -16,7 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":

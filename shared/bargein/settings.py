@@ -80,3 +80,9 @@ def load(cls: type[_S], **overrides: Any) -> _S:
             got = err.get("input")
             problems.append(f"{PREFIX}{field.upper()}: {err['msg']} (got {got!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+def all_variables() -> set[str]:
+    """Every ``BARGEIN_*`` variable bargein reads (the deployment files are checked against it)."""
+    classes: list[type[BaseSettings]] = [CoreSettings, LLMSettings, BrokerSettings]
+    return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
