@@ -47,6 +47,7 @@ async def serve(tier: Tier, core: CoreSettings, broker: BrokerSettings) -> None:
         max_sessions=broker.max_sessions,
         adopt_interval_s=broker.adopt_interval_s,
         status_interval_s=broker.status_interval_s,
+        drain_timeout_s=broker.drain_timeout_s,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -63,7 +63,9 @@ class BrokerSettings(_Base):
     max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")
     adopt_interval_s: float = Field(default=1.0, gt=0, description="How often a worker looks for orphans.")
     status_interval_s: float = Field(default=1.0, gt=0, description="How often a service logs its status.")
-    drain_timeout_s: float = Field(default=10.0, ge=0, description="SIGTERM: how long turns may finish.")
+    drain_timeout_s: float = Field(
+        default=10.0, ge=0, description="SIGTERM: how long running turns may finish here before hand-over."
+    )
 
 
 _S = TypeVar("_S", bound=BaseSettings)

@@ -29,11 +29,13 @@ class Worker:
         max_sessions: int = 500,
         adopt_interval_s: float = 1.0,
         status_interval_s: float = 1.0,
+        drain_timeout_s: float = 10.0,
     ) -> None:
         self.host = host
         self.max_sessions = max_sessions
         self.adopt_interval_s = adopt_interval_s
         self.status_interval_s = status_interval_s
+        self.drain_timeout_s = drain_timeout_s
         self.draining = False
         self.adopted = 0
         self.started = 0
@@ -112,15 +114,38 @@ class Worker:
                 " (draining)" if self.draining else "",
             )
 
-    async def drain(self) -> None:
-        """Stop taking sessions, checkpoint and release every lease so others adopt them at once."""
-        self.draining = True
+    async def _stop_taking(self) -> None:
         if self._starts is not None:
             await self._starts.cancel()
+            self._starts = None
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._tasks = []
+
+    async def abandon(self) -> None:
+        """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
+        self.draining = True
+        await self._stop_taking()
+        await self.host.abandon_all()
+
+    def active_turns(self) -> int:
+        return sum(owned.runtime.active_turns for owned in self.host.sessions.values())
+
+    async def _let_turns_finish(self) -> None:
+        """Give running turns up to ``drain_timeout_s`` to end here (their sessions keep consuming,
+        so interrupts still work); whatever is still running then is resumed by the adopter."""
+        deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+        while self.active_turns() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def drain(self) -> None:
+        """Stop taking sessions, let running turns finish (briefly), then checkpoint and release
+        every lease so other workers adopt the sessions at once."""
+        self.draining = True
+        await self._stop_taking()
+        await self._let_turns_finish()
         count = len(self.host.sessions)
         await self.host.close_all()
         log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)

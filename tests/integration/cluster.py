@@ -94,6 +94,7 @@ def cluster_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
         BARGEIN_ADOPT_INTERVAL_S="0.3",
         BARGEIN_STATUS_INTERVAL_S="5",
         BARGEIN_MAX_MESSAGE_BYTES="65536",
+        BARGEIN_DRAIN_TIMEOUT_S="0",  # hand running turns over at once: the tests check the resume
         BARGEIN_SCRIPTED_FIRST_TOKEN_MS="5",
         BARGEIN_SCRIPTED_TOKENS_PER_S="100",
         PYTHONUNBUFFERED="1",

@@ -389,3 +389,30 @@ async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
                 if message.headers.get("x-bargein-queue", "").endswith(sid):
                     reasons.append(str(message.headers[DEAD_REASON_HEADER]))
     assert sorted(reasons) == sorted(bad)
+
+
+async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
+    client: Client, rabbitmq_url: str
+) -> None:
+    bad_id = SessionInfo("ok").encode().replace(b"ok", b"o.")  # a start whose session id is not valid
+    for body in (b"\x00garbage", bad_id):
+        await client.transport.publish_session_start(TIER_REASONING, body)
+    caller = await client.open(word_delay=0.005)  # a good start right behind the bad ones
+    await ask(caller, "still working")
+    assert text_of(await caller.collect_turn(timeout=T)) == "still working"
+
+    connection = await aio_pika.connect(rabbitmq_url)
+    reasons: list[str] = []
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
+        async with asyncio.timeout(T):
+            while len(reasons) < 2:
+                message = await queue.get(fail=False)
+                if message is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                await message.ack()
+                if message.headers.get("x-bargein-queue") == session_work_queue(TIER_REASONING):
+                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
+    assert sorted(reasons) == ["bad_envelope", "bad_session"]

@@ -1,0 +1,115 @@
+"""Workers: taking session starts while there is room, adopting orphans, draining.
+
+The in-memory transport and store stand in for RabbitMQ and Redis (the same code runs against them
+in tests/integration, with real processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bargein import AgentGenerationComplete, Bridge, ReasoningNode, SessionInfo, UserStoppedSpeaking
+from bargein.caller import Caller
+from bargein.envelope import new_session_id
+from bargein.host import SessionHost
+from bargein.llm import ScriptedLLM
+from bargein.memory import MemoryBroker, MemoryStateStore, MemoryTransport
+from bargein.names import TIER_REASONING
+from bargein.sessions import create_session
+from bargein.worker import Worker
+
+from .helpers import reply_text, take_chunks, wait_for
+
+REPLY = " ".join(f"x{i}" for i in range(20))
+
+
+def agent(session: SessionInfo) -> Bridge:
+    node = ReasoningNode(llm_client=ScriptedLLM([REPLY], first_token_delay=0.005, tokens_per_second=40))
+    bridge = Bridge(node)
+    bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+    return bridge
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.broker = MemoryBroker()
+        self.store = MemoryStateStore()
+        self.workers: list[Worker] = []
+        self.client = MemoryTransport(self.broker)
+
+    async def worker(self, **kw: float) -> Worker:
+        host = SessionHost(MemoryTransport(self.broker), self.store, agent, owner=f"w{len(self.workers) + 1}")
+        worker = Worker(host, adopt_interval_s=0.05, status_interval_s=60, **kw)  # type: ignore[arg-type]
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    async def session(self) -> Caller:
+        caller = Caller(self.client, new_session_id(), settle=self.broker.settle)
+        await caller.attach()
+        await create_session(
+            self.client, self.store, SessionInfo(caller.session_id, edge_reports_delivery=True)
+        )
+        return caller
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    p = Pool()
+    yield p
+    for w in p.workers:
+        await w.drain()
+
+
+async def test_a_worker_takes_sessions_only_while_it_has_room(pool: Pool) -> None:
+    first = await pool.worker(max_sessions=1)
+    a = await pool.session()
+    await wait_for(lambda: a.session_id in first.host.sessions)
+    b = await pool.session()  # no room in the first worker: it stays queued...
+    second = await pool.worker(max_sessions=1)
+    await wait_for(lambda: b.session_id in second.host.sessions)  # ...until a worker with room takes it
+    assert list(first.host.sessions) == [a.session_id]
+    for caller in (a, b):
+        await caller.emit(UserStoppedSpeaking())
+        assert reply_text(await caller.collect_turn()) == REPLY
+
+
+async def test_an_orphaned_session_is_adopted_and_its_turn_resumed(pool: Pool) -> None:
+    first = await pool.worker()
+    caller = await pool.session()
+    await wait_for(lambda: caller.session_id in first.host.sessions)
+    await caller.emit(UserStoppedSpeaking())
+    heard = "".join(await take_chunks(caller, 4))
+    await first.abandon()  # the process dies...
+    pool.store.expire_lease(TIER_REASONING, caller.session_id)  # ...and its lease runs out
+    second = await pool.worker()
+    await wait_for(lambda: caller.session_id in second.host.sessions)
+    assert second.adopted == 1
+    rest = await caller.collect_turn()
+    assert heard + reply_text(rest) == REPLY
+
+
+@pytest.mark.parametrize("drain_timeout_s, resumed", [(5.0, False), (0.0, True)])
+async def test_drain_lets_turns_finish_or_hands_them_over(
+    pool: Pool, drain_timeout_s: float, resumed: bool
+) -> None:
+    first = await pool.worker(drain_timeout_s=drain_timeout_s)
+    caller = await pool.session()
+    await wait_for(lambda: caller.session_id in first.host.sessions)
+    await caller.emit(UserStoppedSpeaking())
+    heard = "".join(await take_chunks(caller, 2))
+    await first.drain()
+    assert first.host.sessions == {}
+    second = await pool.worker()
+    await wait_for(lambda: caller.session_id in second.host.sessions)
+    if not resumed:  # the turn ended in the first worker, during the drain
+        rest = await caller.quiet(0.1)
+        assert isinstance(rest[-1], AgentGenerationComplete)
+        assert heard + reply_text(rest) == REPLY
+        assert second.host.sessions[caller.session_id].runtime.counters["turns_resumed"] == 0
+    else:
+        rest = await caller.collect_turn()
+        assert heard + reply_text(rest) == REPLY
+        assert second.host.sessions[caller.session_id].runtime.counters["turns_resumed"] == 1
