@@ -111,3 +111,28 @@ class StateStore(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+
+class SessionProcessor(ABC):
+    """What a tier runs for each session it owns (the reasoning tier's is the agent's
+    :class:`~bargein.runtime.SessionRuntime`; the speech tier's is its VAD state machine). The
+    :class:`~bargein.host.SessionHost` holds the lease and feeds the mailbox to it."""
+
+    epoch: int
+    fenced: bool  # set when the lease was lost: write nothing more
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Restore the checkpoint (if any) and get ready for the mailbox."""
+
+    @abstractmethod
+    async def handle(self, envelope: Envelope, event: Event) -> None:
+        """One message from the mailbox; it is acknowledged when this returns."""
+
+    @abstractmethod
+    async def close(self, *, checkpoint: bool = True) -> None: ...
+
+    @property
+    @abstractmethod
+    def active_turns(self) -> int:
+        """Work in progress, for status lines and drains."""

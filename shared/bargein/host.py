@@ -13,11 +13,11 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from bargein.abc import StateStore, Subscription, Transport
+from bargein.abc import SessionProcessor, StateStore, Subscription, Transport
 from bargein.errors import BargeinError
 from bargein.names import IN, TIER_REASONING, Tier
 from bargein.runtime import Agent, SessionInfo, SessionRuntime
@@ -34,9 +34,45 @@ def default_owner_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """Everything a tier's session processor is given when its host takes a session."""
+
+    info: SessionInfo
+    transport: Transport
+    store: StateStore
+    epoch: int
+    owner: str
+    tier: Tier
+    state_ttl_ms: int
+    on_end: Callable[[str], None]
+
+
+ProcessorFactory = Callable[[Ownership], SessionProcessor]
+
+
+def agent_sessions(agent: Agent) -> ProcessorFactory:
+    """The reasoning tier: each owned session runs ``agent``'s routes."""
+
+    def make(own: Ownership) -> SessionProcessor:
+        return SessionRuntime(
+            own.info,
+            own.transport,
+            own.store,
+            agent=agent,
+            epoch=own.epoch,
+            owner=own.owner,
+            tier=own.tier,
+            state_ttl_ms=own.state_ttl_ms,
+            on_end=own.on_end,
+        )
+
+    return make
+
+
 @dataclass
 class _Owned:
-    runtime: SessionRuntime
+    runtime: SessionProcessor
     subscription: Subscription
     renewer: asyncio.Task[None]
 
@@ -46,7 +82,7 @@ class SessionHost:
         self,
         transport: Transport,
         store: StateStore,
-        agent: Agent,
+        factory: ProcessorFactory,
         *,
         owner: str | None = None,
         tier: Tier = TIER_REASONING,
@@ -55,7 +91,7 @@ class SessionHost:
     ) -> None:
         self.transport = transport
         self.store = store
-        self.agent = agent
+        self.factory = factory
         self.owner = owner or default_owner_id()
         self.tier = tier
         self.lease_ttl_ms = lease_ttl_ms
@@ -63,25 +99,24 @@ class SessionHost:
         self._background: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, _Owned] = {}
 
-    async def open(self, info: SessionInfo) -> SessionRuntime:
+    @classmethod
+    def for_agent(cls, transport: Transport, store: StateStore, agent: Agent, **kwargs: Any) -> SessionHost:
+        return cls(transport, store, agent_sessions(agent), **kwargs)
+
+    async def open(self, info: SessionInfo) -> SessionProcessor:
         sid = info.session_id
         if sid in self.sessions:
             return self.sessions[sid].runtime
         epoch = await self.store.acquire_lease(self.tier, sid, self.owner, self.lease_ttl_ms)
         if epoch is None:
             raise SessionTaken(f"session {sid} is owned by another process")
-        runtime = SessionRuntime(
-            info,
-            self.transport,
-            self.store,
-            epoch=epoch,
-            owner=self.owner,
-            tier=self.tier,
-            state_ttl_ms=self.state_ttl_ms,
-            on_end=self._ended,
+        runtime = self.factory(
+            Ownership(
+                info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
+            )
         )
         try:
-            await runtime.start(self.agent)
+            await runtime.start()
             subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
         except BaseException:
             await runtime.close(checkpoint=False)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from bargein import snapshot
-from bargein.abc import StateStore, Transport
+from bargein.abc import SessionProcessor, StateStore, Transport
 from bargein.envelope import Envelope, validate_session_id
 from bargein.errors import BargeinError, EnvelopeError, InvalidEnvelope, StaleEpochError
 from bargein.events import AgentError, AgentResponse, EndCall, Event, SpeechDelivered, TurnInterrupted
@@ -222,13 +222,14 @@ def _as_event(value: Any, event_type: type[Event] | None) -> Event:
     )
 
 
-class SessionRuntime:
+class SessionRuntime(SessionProcessor):
     def __init__(
         self,
         session: SessionInfo,
         transport: Transport,
         store: StateStore,
         *,
+        agent: Agent,
         epoch: int,
         owner: str,
         tier: Tier = TIER_REASONING,
@@ -236,6 +237,7 @@ class SessionRuntime:
         on_end: Callable[[str], None] | None = None,
     ) -> None:
         self.session = session
+        self.agent = agent
         self.session_id = validate_session_id(session.session_id)
         self.transport = transport
         self.store = store
@@ -261,8 +263,8 @@ class SessionRuntime:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, agent: Agent) -> None:
-        self.bridges = await build_bridges(agent, self.session)
+    async def start(self) -> None:
+        self.bridges = await build_bridges(self.agent, self.session)
         self._name_nodes()
         await self._restore()
         for b, bridge in enumerate(self.bridges):

@@ -33,7 +33,7 @@ async def serve(tier: Tier, core: CoreSettings, broker: BrokerSettings) -> None:
         name=owner,
     )
     store = RedisStateStore.from_url(broker.redis_url)
-    host = SessionHost(
+    host = SessionHost.for_agent(
         transport,
         store,
         agent,

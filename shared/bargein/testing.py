@@ -53,7 +53,9 @@ class LocalSession(Caller):
     def runtime(self) -> SessionRuntime:
         if self.host is None or self.session_id not in self.host.sessions:
             raise RuntimeError("the session is not running")
-        return self.host.sessions[self.session_id].runtime
+        runtime = self.host.sessions[self.session_id].runtime
+        assert isinstance(runtime, SessionRuntime)
+        return runtime
 
     @property
     def nodes(self) -> list[Node]:
@@ -73,7 +75,9 @@ class LocalSession(Caller):
         await self.transport.close()
 
     async def _start_host(self) -> None:
-        self.host = SessionHost(self.transport, self.store, self.agent, owner=f"local-{next(self._hosts)}")
+        self.host = SessionHost.for_agent(
+            self.transport, self.store, self.agent, owner=f"local-{next(self._hosts)}"
+        )
         await self.host.open(self.info)
 
     async def restart(self) -> None:

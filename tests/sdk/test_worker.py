@@ -6,6 +6,7 @@ in tests/integration, with real processes).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +18,7 @@ from bargein.host import SessionHost
 from bargein.llm import ScriptedLLM
 from bargein.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.names import TIER_REASONING
+from bargein.runtime import SessionRuntime
 from bargein.sessions import create_session
 from bargein.worker import Worker
 
@@ -40,7 +42,9 @@ class Pool:
         self.client = MemoryTransport(self.broker)
 
     async def worker(self, **kw: float) -> Worker:
-        host = SessionHost(MemoryTransport(self.broker), self.store, agent, owner=f"w{len(self.workers) + 1}")
+        host = SessionHost.for_agent(
+            MemoryTransport(self.broker), self.store, agent, owner=f"w{len(self.workers) + 1}"
+        )
         worker = Worker(host, adopt_interval_s=0.05, status_interval_s=60, **kw)  # type: ignore[arg-type]
         await worker.start()
         self.workers.append(worker)
@@ -91,6 +95,12 @@ async def test_an_orphaned_session_is_adopted_and_its_turn_resumed(pool: Pool) -
     assert heard + reply_text(rest) == REPLY
 
 
+def _counters(worker: Worker, caller: Caller) -> Counter[str]:
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    return runtime.counters
+
+
 @pytest.mark.parametrize("drain_timeout_s, resumed", [(5.0, False), (0.0, True)])
 async def test_drain_lets_turns_finish_or_hands_them_over(
     pool: Pool, drain_timeout_s: float, resumed: bool
@@ -108,8 +118,8 @@ async def test_drain_lets_turns_finish_or_hands_them_over(
         rest = await caller.quiet(0.1)
         assert isinstance(rest[-1], AgentGenerationComplete)
         assert heard + reply_text(rest) == REPLY
-        assert second.host.sessions[caller.session_id].runtime.counters["turns_resumed"] == 0
+        assert _counters(second, caller)["turns_resumed"] == 0
     else:
         rest = await caller.collect_turn()
         assert heard + reply_text(rest) == REPLY
-        assert second.host.sessions[caller.session_id].runtime.counters["turns_resumed"] == 1
+        assert _counters(second, caller)["turns_resumed"] == 1
