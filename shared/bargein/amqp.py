@@ -47,12 +47,14 @@ from bargein.names import (
     EVENTS_EXCHANGE,
     PRIORITY_CONTROL,
     PRIORITY_DATA,
+    TIER_SPEECH,
     Direction,
     Tier,
     mailbox_binding,
     mailbox_queue,
     routing_key,
     session_work_queue,
+    tier_exchange,
 )
 
 log = logging.getLogger("bargein.amqp")
@@ -86,11 +88,13 @@ class AmqpTransport(Transport):
         *,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         mailbox_expiry_ms: int = 3_600_000,
+        audio_mailbox_frames: int = 500,
         name: str = "bargein",
     ) -> None:
         self.url = url
         self.max_message_bytes = max_message_bytes
         self.mailbox_expiry_ms = mailbox_expiry_ms
+        self.audio_mailbox_frames = audio_mailbox_frames
         self.name = name
         self.counters: collections.Counter[str] = collections.Counter()
         self._connection: AbstractRobustConnection | None = None
@@ -101,6 +105,8 @@ class AmqpTransport(Transport):
         self._events_data: AbstractExchange | None = None
         self._events_control: AbstractExchange | None = None
         self._dead: AbstractExchange | None = None
+        self._audio_channel: AbstractRobustChannel | None = None
+        self._audio: AbstractExchange | None = None
         self._work_queues: dict[str, AbstractQueue] = {}
 
     @classmethod
@@ -125,7 +131,10 @@ class AmqpTransport(Transport):
         self._events_control = await self._control.declare_exchange(
             EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
-        await self._data.declare_exchange(AUDIO_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
+        self._audio_channel = await self._connection.channel(publisher_confirms=False)
+        self._audio = await self._audio_channel.declare_exchange(
+            AUDIO_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
         self._dead = await self._data.declare_exchange(
             DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
         )
@@ -171,22 +180,25 @@ class AmqpTransport(Transport):
 
     # --- mailboxes -------------------------------------------------------------------------------
 
-    def _mailbox_arguments(self) -> dict[str, Any]:
-        return {
+    def _mailbox_arguments(self, tier: Tier) -> dict[str, Any]:
+        arguments: dict[str, Any] = {
             "x-queue-type": "classic",
-            "x-max-priority": PRIORITY_CONTROL,
             "x-expires": self.mailbox_expiry_ms,
             "x-single-active-consumer": True,
-            "x-dead-letter-exchange": DEAD_EXCHANGE,
         }
+        if tier == TIER_SPEECH:  # audio: bounded, oldest dropped (not dead-lettered): it is worthless
+            arguments.update({"x-max-length": self.audio_mailbox_frames, "x-overflow": "drop-head"})
+        else:
+            arguments.update({"x-max-priority": PRIORITY_CONTROL, "x-dead-letter-exchange": DEAD_EXCHANGE})
+        return arguments
 
     async def _declare_mailbox_on(
         self, channel: AbstractRobustChannel, session: str, tier: Tier, direction: Direction, *, robust: bool
     ) -> AbstractRobustQueue:
         queue: AbstractRobustQueue = await channel.declare_queue(
-            mailbox_queue(tier, session), durable=True, arguments=self._mailbox_arguments(), robust=robust
+            mailbox_queue(tier, session), durable=True, arguments=self._mailbox_arguments(tier), robust=robust
         )
-        await queue.bind(EVENTS_EXCHANGE, mailbox_binding(session, direction), robust=robust)
+        await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=robust)
         return queue
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:

@@ -64,11 +64,15 @@ class Envelope(BaseModel):
     @classmethod
     def wrap(cls, session: str, event: Event, **fields: Any) -> Envelope:
         validate_session_id(session)
-        return cls(type=event.type_name(), session=session, payload=event.model_dump(mode="json"), **fields)
+        return cls(type=event.type_name(), session=session, payload=event.to_payload(), **fields)
 
     @property
     def control(self) -> bool:
         return event_type(self.type).control
+
+    @property
+    def lane(self) -> str:
+        return event_type(self.type).lane
 
     def event(self) -> Event:
         """The typed event; :class:`InvalidEnvelope` if the payload does not fit the type."""

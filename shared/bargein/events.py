@@ -26,6 +26,8 @@ class Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
     control: ClassVar[bool] = False
+    # Which exchange carries it: "events", or "audio" for the high-rate, transient audio frames.
+    lane: ClassVar[str] = "events"
 
     def __init_subclass__(cls, *, control: bool | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -43,6 +45,14 @@ class Event(BaseModel):
     @classmethod
     def type_name(cls) -> str:
         return cls.__name__
+
+    def to_payload(self) -> dict[str, Any]:
+        """The fields as plain data for the wire: JSON-style values, except that ``bytes`` fields
+        stay bytes (msgpack carries them natively; base64 would cost a third more)."""
+        raw = [name for name, field in type(self).model_fields.items() if field.annotation is bytes]
+        payload = self.model_dump(mode="json", exclude=set(raw))
+        payload.update({name: getattr(self, name) for name in raw})
+        return payload
 
 
 def event_type(name: str) -> type[Event]:
@@ -132,6 +142,32 @@ class DTMFInputEvent(Event):
 
 class DTMFOutputEvent(Event):
     button: str
+
+
+# --- audio and speech -----------------------------------------------------------------------------
+
+
+class AudioFrame(Event):
+    """Caller audio, 16 kHz mono PCM16 little-endian, any length (the speech tier re-chunks)."""
+
+    lane: ClassVar[str] = "audio"
+
+    data: bytes
+
+
+class FalseInterruption(Event):
+    """A burst of speech that ended quickly with no transcript (a cough, a 'hm'): the reasoning side
+    may resume the answer it cut off."""
+
+    duration_ms: float = 0.0
+
+
+class SessionError(Event):
+    """Something the caller sent could not be used (a bad audio frame, say); the edge shows it to
+    the client and the session carries on."""
+
+    code: str
+    message: str = ""
 
 
 # --- control: these interrupt, stop or move the call ---------------------------------------------

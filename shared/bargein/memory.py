@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from bargein.abc import Handler, StartHandler, StateStore, Subscription, Transport
 from bargein.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.errors import EnvelopeError, StaleEpochError
-from bargein.names import Direction, Tier, mailbox_binding, mailbox_queue, routing_key
+from bargein.names import (
+    EVENTS_EXCHANGE,
+    Direction,
+    Tier,
+    lane_exchange,
+    mailbox_binding,
+    mailbox_queue,
+    routing_key,
+    tier_exchange,
+)
 
 log = logging.getLogger("bargein.memory")
 
@@ -44,6 +53,7 @@ class DeadLetter:
 @dataclass
 class _Mailbox:
     name: str
+    exchange: str
     pattern: str
     items: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -63,12 +73,12 @@ class MemoryBroker:
         self._serial = itertools.count(1)
         self._last_serial = 0
 
-    def route(self, key: str, body: bytes) -> int:
+    def route(self, exchange: str, key: str, body: bytes) -> int:
         serial = next(self._serial)
         self._last_serial = serial
         delivered = 0
         for box in self.mailboxes.values():
-            if topic_matches(box.pattern, key):
+            if box.exchange == exchange and topic_matches(box.pattern, key):
                 box.items.append((serial, body))
                 box.wakeup.set()
                 delivered += 1
@@ -129,11 +139,20 @@ class MemoryTransport(Transport):
         self.broker = broker or MemoryBroker()
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
-        self.broker.route(routing_key(envelope.session, direction, envelope.type), encode(envelope))
+        key = routing_key(envelope.session, direction, envelope.type)
+        self.broker.route(lane_exchange(envelope.lane), key, encode(envelope))
 
-    async def publish_raw(self, session: str, direction: Direction, event_name: str, body: bytes) -> None:
+    async def publish_raw(
+        self,
+        session: str,
+        direction: Direction,
+        event_name: str,
+        body: bytes,
+        *,
+        exchange: str = EVENTS_EXCHANGE,
+    ) -> None:
         """Publish bytes as they are: how tests put malformed messages on the bus."""
-        self.broker.route(routing_key(session, direction, event_name), body)
+        self.broker.route(exchange, routing_key(session, direction, event_name), body)
 
     async def open_mailbox(
         self, session: str, tier: Tier, direction: Direction, handler: Handler
@@ -170,7 +189,9 @@ class MemoryTransport(Transport):
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         name = mailbox_queue(tier, session)
         if name not in self.broker.mailboxes:
-            self.broker.mailboxes[name] = _Mailbox(name, mailbox_binding(session, direction))
+            self.broker.mailboxes[name] = _Mailbox(
+                name, tier_exchange(tier), mailbox_binding(session, direction)
+            )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
         self.broker.starts[tier].append(info)

@@ -52,7 +52,7 @@ class Message:
             id=self.id,
             source=self.source,
             trace=dict(self.trace),
-            payload=self.event.model_dump(mode="json"),
+            payload=self.event.to_payload(),
         )
 
     def encode(self) -> bytes:

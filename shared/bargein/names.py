@@ -32,6 +32,16 @@ PRIORITY_DATA = 0
 PRIORITY_CONTROL = 1  # mailboxes are declared with x-max-priority = PRIORITY_CONTROL
 
 
+def lane_exchange(lane: str) -> str:
+    """The exchange an event lane (``Event.lane``) is published to."""
+    return AUDIO_EXCHANGE if lane == "audio" else EVENTS_EXCHANGE
+
+
+def tier_exchange(tier: Tier) -> str:
+    """The exchange a tier's mailboxes are bound to: the speech tier hears audio, the others events."""
+    return AUDIO_EXCHANGE if tier == TIER_SPEECH else EVENTS_EXCHANGE
+
+
 def routing_key(session: str, direction: Direction, event_name: str) -> str:
     return f"{session}.{direction}.{event_name}"
 

@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 from bargein.amqp import AmqpTransport
-from bargein.host import SessionHost, default_owner_id
+from bargein.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
 from bargein.loader import load_agent
 from bargein.logs import configure_logging
 from bargein.names import Tier
@@ -23,20 +24,29 @@ from bargein.worker import Worker
 log = logging.getLogger("bargein.service")
 
 
-async def serve(tier: Tier, core: CoreSettings, broker: BrokerSettings) -> None:
-    agent = load_agent(core.agent)
+FactoryBuilder = Callable[[CoreSettings], ProcessorFactory]
+
+
+def reasoning_factory(core: CoreSettings) -> ProcessorFactory:
+    """The reasoning tier runs ``BARGEIN_AGENT`` for every session it owns."""
+    return agent_sessions(load_agent(core.agent))
+
+
+async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: BrokerSettings) -> None:
+    factory = build(core)
     owner = f"{tier}-{default_owner_id()}"
     transport = await AmqpTransport.connect(
         broker.rabbitmq_url,
         max_message_bytes=core.max_message_bytes,
         mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
+        audio_mailbox_frames=broker.audio_mailbox_frames,
         name=owner,
     )
     store = RedisStateStore.from_url(broker.redis_url)
-    host = SessionHost.for_agent(
+    host = SessionHost(
         transport,
         store,
-        agent,
+        factory,
         owner=owner,
         tier=tier,
         lease_ttl_ms=broker.lease_ttl_ms,
@@ -55,7 +65,7 @@ async def serve(tier: Tier, core: CoreSettings, broker: BrokerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await worker.start()
-        log.info("%s service running agent %s; stop with SIGINT or SIGTERM", tier, core.agent)
+        log.info("%s service running; stop with SIGINT or SIGTERM", tier)
         await stop.wait()
         log.info("%s service stopping: draining sessions", tier)
         await worker.drain()
@@ -67,7 +77,7 @@ async def serve(tier: Tier, core: CoreSettings, broker: BrokerSettings) -> None:
     log.info("%s service stopped", tier)
 
 
-def main(tier: Tier) -> int:
+def main(tier: Tier, build: FactoryBuilder = reasoning_factory) -> int:
     core = load(CoreSettings)
     broker = load(BrokerSettings)
     load(LLMSettings)  # fail now on a bad LLM setting, not in the first turn
@@ -78,5 +88,5 @@ def main(tier: Tier) -> int:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio works too
         pass
-    asyncio.run(serve(tier, core, broker))
+    asyncio.run(serve(tier, build, core, broker))
     return 0

@@ -63,9 +63,31 @@ class BrokerSettings(_Base):
     max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")
     adopt_interval_s: float = Field(default=1.0, gt=0, description="How often a worker looks for orphans.")
     status_interval_s: float = Field(default=1.0, gt=0, description="How often a service logs its status.")
+    audio_mailbox_frames: int = Field(
+        default=500, ge=10, description="Audio frames a speech mailbox holds before dropping the oldest."
+    )
     drain_timeout_s: float = Field(
         default=10.0, ge=0, description="SIGTERM: how long running turns may finish here before hand-over."
     )
+
+
+class SpeechSettings(_Base):
+    """Speech detection and turn-taking. Each can be overridden per session at session start
+    (``options["turn_taking"]``, same names without the ``speech_`` prefix where it has one)."""
+
+    speech_threshold: float = Field(
+        default=0.5, gt=0, lt=1, description="VAD probability that counts as speech."
+    )
+    min_interruption_ms: float = Field(
+        default=250, ge=0, description="Speech needed before a barge-in counts."
+    )
+    min_silence_ms: float = Field(default=500, ge=32, description="Silence that ends the user's turn.")
+    false_interruption_timeout_ms: float = Field(
+        default=1500, ge=0, description="A burst ending this soon with no transcript is a false interruption."
+    )
+    max_frame_bytes: int = Field(default=64_000, ge=2, description="Largest audio frame accepted (2 s).")
+    vad_tick_ms: float = Field(default=8, gt=0, description="How often the batched VAD runs.")
+    vad_max_batch: int = Field(default=256, ge=1, description="Sessions per inference call at most.")
 
 
 _S = TypeVar("_S", bound=BaseSettings)
@@ -86,5 +108,5 @@ def load(cls: type[_S], **overrides: Any) -> _S:
 
 def all_variables() -> set[str]:
     """Every ``BARGEIN_*`` variable bargein reads (the deployment files are checked against it)."""
-    classes: list[type[BaseSettings]] = [CoreSettings, LLMSettings, BrokerSettings]
+    classes: list[type[BaseSettings]] = [CoreSettings, LLMSettings, BrokerSettings, SpeechSettings]
     return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}

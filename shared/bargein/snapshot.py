@@ -31,7 +31,7 @@ class SnapshotError(BargeinError):
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, Event):
-        return msgpack.ExtType(_EXT_EVENT, _pack([obj.type_name(), obj.model_dump(mode="json")]))
+        return msgpack.ExtType(_EXT_EVENT, _pack([obj.type_name(), obj.to_payload()]))
     if isinstance(obj, ConversationContext):
         return msgpack.ExtType(_EXT_CONTEXT, _pack([obj.events, obj.system_prompt, obj.metadata]))
     if isinstance(obj, tuple | set | frozenset):
