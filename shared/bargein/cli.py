@@ -16,7 +16,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
+
+    bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    intr = bench_sub.add_parser(
+        "interrupt", help="interrupt → CancelledError latency beside a raw broker hop (RabbitMQ + Redis)"
+    )
+    intr.add_argument("--sessions", type=_positive, default=200, help="streaming sessions (default 200)")
+    intr.add_argument("--samples", type=_positive, default=200, help="interrupts measured (default 200)")
+    intr.add_argument("--workers", type=_positive, default=1, help="reasoning processes (default 1)")
+    intr.add_argument(
+        "--chunk-ms", type=float, default=100.0, help="each session publishes a chunk this often"
+    )
+    intr.add_argument("--words-per-chunk", type=_positive, default=8)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.service import main as service_main
 
             return service_main(TIER_REASONING)
+        if args.command == "bench" and args.bench == "interrupt":
+            from bargein.bench import interrupt_main
+
+            return interrupt_main(
+                args.sessions,
+                args.samples,
+                args.workers,
+                chunk_period_s=args.chunk_ms / 1000,
+                words_per_chunk=args.words_per_chunk,
+            )
     except SettingsError as exc:
         print(f"bargein: {exc}", file=sys.stderr)
         return 2

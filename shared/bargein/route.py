@@ -247,6 +247,13 @@ class Route:
 
     # --- driven by the runtime -------------------------------------------------------------------
 
+    def listens_to(self, event_type: type[Event]) -> bool:
+        """Whether an event of this type could start, interrupt, suspend or resume this route."""
+        clauses = [*self.interrupts, *self.suspends, *self.resumes]
+        return issubclass(event_type, self.matcher.types) or any(
+            issubclass(event_type, c.types) for c in clauses
+        )
+
     @property
     def runs_as_turns(self) -> bool:
         """Streaming or interruptible routes run as cancellable tasks, one turn at a time."""

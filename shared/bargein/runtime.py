@@ -36,11 +36,20 @@ from bargein import snapshot
 from bargein.abc import SessionProcessor, StateStore, Transport
 from bargein.envelope import Envelope, validate_session_id
 from bargein.errors import BargeinError, EnvelopeError, InvalidEnvelope, StaleEpochError
-from bargein.events import AgentError, AgentResponse, EndCall, Event, SpeechDelivered, TurnInterrupted
+from bargein.events import (
+    AgentError,
+    AgentGenerationComplete,
+    AgentResponse,
+    EndCall,
+    Event,
+    SpeechDelivered,
+    TurnInterrupted,
+)
 from bargein.message import Message
 from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
 from bargein.route import Bridge, Route
+from bargein.system import CallRequest, LineCall, is_line_style, launch
 
 log = logging.getLogger("bargein.runtime")
 
@@ -255,16 +264,25 @@ class SessionRuntime(SessionProcessor):
         self._dirty = False
         self._checkpoint_lock = asyncio.Lock()
         self._restored_routes: dict[str, Any] = {}
+        self.line_call: LineCall | None = None
+        self._listeners: dict[tuple[type[Event], int], bool] = {}
+        self.speaking_bridge: Bridge | None = None  # None: every bridge's output reaches the caller
+        self.initial_message_sent = False
         self._seq: dict[int, int] = {}
-        self._inbox: asyncio.Queue[tuple[Message, Bridge | None, asyncio.Future[None] | None]] = (
-            asyncio.Queue()
-        )
+        self._inbox: asyncio.Queue[tuple[Message, Bridge]] = asyncio.Queue()
+        self._dispatch_lock = asyncio.Lock()
         self._dispatcher: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.bridges = await build_bridges(self.agent, self.session)
+        if is_line_style(self.agent):
+            request = CallRequest(self.session_id, dict(self.session.options))
+            self.line_call = await launch(self.agent, request)
+            self.bridges = list(self.line_call.system.bridges)
+            self.speaking_bridge = self.line_call.system.speaking_bridge
+        else:
+            self.bridges = await build_bridges(self.agent, self.session)
         self._name_nodes()
         await self._restore()
         for b, bridge in enumerate(self.bridges):
@@ -275,6 +293,8 @@ class SessionRuntime(SessionProcessor):
         self._dispatcher = asyncio.create_task(self._dispatch_loop(), name=f"dispatch:{self.session_id}")
         for node in self.nodes:
             await self.guard(node.start(), "node start")
+        if self.line_call is not None:
+            self.line_call.system.attach(self.send_initial_message)
         log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
 
     async def close(self, *, checkpoint: bool = True) -> None:
@@ -289,6 +309,8 @@ class SessionRuntime(SessionProcessor):
         if checkpoint:
             await self.checkpoint()
         self.closed = True
+        if self.line_call is not None:
+            await self.line_call.stop()
         for bridge in self.bridges:
             for route in bridge.routes:
                 await route.close()
@@ -333,9 +355,9 @@ class SessionRuntime(SessionProcessor):
         if isinstance(event, SpeechDelivered):
             self._on_delivery_report(event)
             return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait((message, None, done))
-        await done
+        # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
+        # waiting for another task to be scheduled on what may be a busy event loop.
+        await self._dispatch_guarded(message, None)
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
@@ -346,8 +368,14 @@ class SessionRuntime(SessionProcessor):
                 node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
 
     async def _dispatch_loop(self) -> None:
+        """Dispatches what the session's own bridges broadcast, for its other bridges."""
         while True:
-            message, origin, done = await self._inbox.get()
+            message, origin = await self._inbox.get()
+            await self._dispatch_guarded(message, origin)
+
+    async def _dispatch_guarded(self, message: Message, origin: Bridge | None) -> None:
+        """One event at a time, in order; checkpointed before the caller acknowledges it."""
+        async with self._dispatch_lock:
             try:
                 await self._dispatch(message, origin)
                 if self._dirty:  # before the event is acknowledged, so a new owner would see it
@@ -355,9 +383,6 @@ class SessionRuntime(SessionProcessor):
             except Exception:
                 self.count("dispatch_errors")
                 log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
-            finally:
-                if done is not None and not done.done():
-                    done.set_result(None)
 
     async def _dispatch(self, message: Message, origin: Bridge | None) -> None:
         bridges = [b for b in self.bridges if b is not origin and b.accepts(message)]
@@ -370,6 +395,23 @@ class SessionRuntime(SessionProcessor):
 
     def new_run(self, message: Message, route: Route, turn: int | None = None) -> TurnRun:
         return TurnRun(self, message, route, turn)
+
+    async def send_initial_message(self, bridge: Bridge, text: str) -> None:
+        """The greeting, as a turn of the speaking bridge; only once per session."""
+        if self.initial_message_sent:
+            return
+        self.initial_message_sent = True
+        run = self.new_run(
+            Message(AgentResponse(content=text), source="system", session=self.session_id),
+            Route(bridge, bridge.on(AgentResponse).matcher),
+        )
+        bridge.routes.pop()  # the throwaway route above only gives the run an origin
+        await self.publish_output(AgentResponse(content=text), run)
+        await self.publish_output(AgentGenerationComplete(), run)
+        if isinstance(bridge.node, ReasoningNode):
+            bridge.node.conversation_events.append(AgentResponse(content=text))
+        self.forget_turn(run)
+        await self.checkpoint()
 
     def mark_dirty(self) -> None:
         self._dirty = True
@@ -392,12 +434,30 @@ class SessionRuntime(SessionProcessor):
             source=source,
             trace=run.trigger.trace,
         )
-        if isinstance(event, AgentResponse):
-            self.ledger.published(turn, seq, event.content)
-        await self.transport.publish(envelope, OUT)
-        self.count("published")
-        # other bridges of this session hear it too (background nodes, Line-style)
-        self._inbox.put_nowait((Message.from_envelope(envelope, event), run.route.bridge, None))
+        if self.speaking_bridge is None or run.route.bridge is self.speaking_bridge:
+            if isinstance(event, AgentResponse):
+                self.ledger.published(turn, seq, event.content)
+            await self.transport.publish(envelope, OUT)
+            self.count("published")
+        else:
+            self.count("background_outputs")  # a background node: heard by the other bridges only
+        # other bridges of this session hear it too (background nodes, Line-style); skipped when none
+        # listens, which is the common case and keeps a busy worker's event loop free for interrupts
+        if self._heard_by_others(type(event), run.route.bridge):
+            self._inbox.put_nowait((Message.from_envelope(envelope, event), run.route.bridge))
+
+    def _heard_by_others(self, event_type: type[Event], origin: Bridge) -> bool:
+        key = (event_type, id(origin))
+        heard = self._listeners.get(key)
+        if heard is None:
+            heard = any(
+                route.listens_to(event_type)
+                for bridge in self.bridges
+                if bridge is not origin
+                for route in bridge.routes
+            )
+            self._listeners[key] = heard
+        return heard
 
     async def turn_interrupted(self, run: TurnRun) -> None:
         self.count("interrupts")
@@ -437,6 +497,7 @@ class SessionRuntime(SessionProcessor):
     def snapshot(self) -> dict[str, Any]:
         return {
             "last_turn": self.last_turn,
+            "initial_message_sent": self.initial_message_sent,
             "nodes": {node.id: snapshot.capture(node) for node in self.nodes if node.id},
             "routes": {
                 route.key: route.durable_state()
@@ -474,6 +535,7 @@ class SessionRuntime(SessionProcessor):
             return
         state = snapshot.loads(data)
         self.last_turn = int(state.get("last_turn", 0))
+        self.initial_message_sent = bool(state.get("initial_message_sent", False))
         by_id = {node.id: node for node in self.nodes}
         for node_id, attrs in state.get("nodes", {}).items():
             node = by_id.get(node_id)
