@@ -27,6 +27,14 @@ class Subscription(ABC):
     async def cancel(self) -> None: ...
 
 
+class EdgeQueue(Subscription):
+    @abstractmethod
+    async def add_session(self, session: str) -> None: ...
+
+    @abstractmethod
+    async def remove_session(self, session: str) -> None: ...
+
+
 class Transport(ABC):
     @abstractmethod
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
@@ -42,6 +50,12 @@ class Transport(ABC):
         ``handler`` is awaited for one message at a time; a message is acknowledged when it returns.
         Messages that fail to decode never reach the handler: they are dead-lettered and counted.
         """
+
+    @abstractmethod
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        """A queue of this process's own (gone when the process is), consumed in order, that hears
+        the sessions added to it (:func:`bargein.names.edge_bindings`). Every broadcast process has
+        one, so each gets the whole output of the sessions it has clients for."""
 
     @abstractmethod
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
@@ -104,6 +118,10 @@ class StateStore(ABC):
 
     @abstractmethod
     async def unregister_session(self, tier: Tier, session: str) -> None: ...
+
+    @abstractmethod
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        """The registered SessionInfo of a live session, or None (how the edge knows a session)."""
 
     @abstractmethod
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:

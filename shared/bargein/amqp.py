@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -36,7 +38,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import DeliveryError
 
-from bargein.abc import Handler, StartHandler, Subscription, Transport
+from bargein.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.errors import BargeinError, EnvelopeError, InvalidSessionId
 from bargein.names import (
@@ -50,6 +52,7 @@ from bargein.names import (
     TIER_SPEECH,
     Direction,
     Tier,
+    edge_bindings,
     mailbox_binding,
     mailbox_queue,
     routing_key,
@@ -79,6 +82,24 @@ class _Consumer(Subscription):
                 await self._queue.cancel(tag)
             except Exception as exc:  # the channel may already be gone; nothing left to stop
                 log.debug("cancelling consumer %s: %s", tag, exc)
+
+
+class _AmqpEdgeQueue(EdgeQueue):
+    def __init__(self, queue: AbstractRobustQueue, tag: str) -> None:
+        self._queue = queue
+        self._consumer = _Consumer(queue, tag)
+
+    async def add_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            await self._queue.bind(EVENTS_EXCHANGE, key)
+
+    async def remove_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            with contextlib.suppress(Exception):  # already gone with the connection
+                await self._queue.unbind(EVENTS_EXCHANGE, key)
+
+    async def cancel(self) -> None:
+        await self._consumer.cancel()
 
 
 class AmqpTransport(Transport):
@@ -144,6 +165,10 @@ class AmqpTransport(Transport):
         await dead_queue.bind(self._dead)
         log.info("connected to RabbitMQ as %r; topology declared", self.name)
 
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and not self._connection.is_closed
+
     async def close(self) -> None:
         if self._connection is not None:
             await self._connection.close()
@@ -201,6 +226,16 @@ class AmqpTransport(Transport):
         await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=robust)
         return queue
 
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        channel = self._need(self._consume)
+        # exclusive: it lives and dies with this process's connection; priorities let an interrupt
+        # overtake the chunks queued for this process's clients
+        queue: AbstractRobustQueue = await channel.declare_queue(
+            name, exclusive=True, arguments={"x-max-priority": PRIORITY_CONTROL}
+        )
+        tag = await queue.consume(self._mailbox_consumer(queue, None, handler))
+        return _AmqpEdgeQueue(queue, tag)
+
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         await self._declare_mailbox_on(self._need(self._data), session, tier, direction, robust=False)
 
@@ -211,10 +246,19 @@ class AmqpTransport(Transport):
             self._need(self._consume), session, tier, direction, robust=True
         )
 
+        tag = await queue.consume(self._mailbox_consumer(queue, session, handler))
+        return _Consumer(queue, tag)
+
+    def _mailbox_consumer(
+        self, queue: AbstractQueue, session: str | None, handler: Handler
+    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        """Decode, hand over, acknowledge; anything undecodable (or for another session, when the
+        queue is one session's) is dead-lettered with its reason instead."""
+
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
                 envelope, event = decode(message.body, max_bytes=self.max_message_bytes)
-                if envelope.session != session:
+                if session is not None and envelope.session != session:
                     raise InvalidSessionId(f"message for session {envelope.session!r} in {queue.name}")
             except EnvelopeError as exc:
                 await self._reject(message, exc.reason, str(exc), queue.name)
@@ -229,8 +273,7 @@ class AmqpTransport(Transport):
                 return
             await message.ack()
 
-        tag = await queue.consume(on_message)
-        return _Consumer(queue, tag)
+        return on_message
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         channel = self._need(self._data)

@@ -17,13 +17,14 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from bargein.abc import Handler, StartHandler, StateStore, Subscription, Transport
+from bargein.abc import EdgeQueue, Handler, StartHandler, StateStore, Subscription, Transport
 from bargein.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.errors import EnvelopeError, StaleEpochError
 from bargein.names import (
     EVENTS_EXCHANGE,
     Direction,
     Tier,
+    edge_bindings,
     lane_exchange,
     mailbox_binding,
     mailbox_queue,
@@ -54,7 +55,7 @@ class DeadLetter:
 class _Mailbox:
     name: str
     exchange: str
-    pattern: str
+    patterns: list[str]
     items: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     consumer: asyncio.Task[None] | None = None
@@ -78,7 +79,7 @@ class MemoryBroker:
         self._last_serial = serial
         delivered = 0
         for box in self.mailboxes.values():
-            if box.exchange == exchange and topic_matches(box.pattern, key):
+            if box.exchange == exchange and any(topic_matches(p, key) for p in box.patterns):
                 box.items.append((serial, body))
                 box.wakeup.set()
                 delivered += 1
@@ -120,6 +121,24 @@ class _TaskSubscription(Subscription):
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+class _MemoryEdgeQueue(EdgeQueue):
+    def __init__(self, broker: MemoryBroker, box: _Mailbox) -> None:
+        self._broker = broker
+        self._box = box
+
+    async def add_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            if key not in self._box.patterns:
+                self._box.patterns.append(key)
+
+    async def remove_session(self, session: str) -> None:
+        self._box.patterns = [p for p in self._box.patterns if p not in edge_bindings(session)]
+
+    async def cancel(self) -> None:
+        await _MemorySubscription(self._box).cancel()
+        self._broker.mailboxes.pop(self._box.name, None)
 
 
 class _MemorySubscription(Subscription):
@@ -186,11 +205,16 @@ class MemoryTransport(Transport):
                     broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", body)
             box.items.popleft()
 
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        box = self.broker.mailboxes[name] = _Mailbox(name, EVENTS_EXCHANGE, [])
+        box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
+        return _MemoryEdgeQueue(self.broker, box)
+
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         name = mailbox_queue(tier, session)
         if name not in self.broker.mailboxes:
             self.broker.mailboxes[name] = _Mailbox(
-                name, tier_exchange(tier), mailbox_binding(session, direction)
+                name, tier_exchange(tier), [mailbox_binding(session, direction)]
             )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
@@ -277,6 +301,9 @@ class MemoryStateStore(StateStore):
 
     async def unregister_session(self, tier: Tier, session: str) -> None:
         self._directory[tier].pop(session, None)
+
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        return self._directory[tier].get(session)
 
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         now = time.monotonic()

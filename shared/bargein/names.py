@@ -54,6 +54,22 @@ def mailbox_queue(tier: Tier, session: str) -> str:
     return f"bargein.mailbox.{tier}.{session}"
 
 
+def edge_queue(owner: str) -> str:
+    """One per broadcast process: it hears the sessions that process has clients for."""
+    return f"bargein.edge.{owner}"
+
+
+def edge_bindings(session: str) -> list[str]:
+    """What the client edge hears of a session: all of its output, and the caller-side events it
+    shows clients or acts on (speech start/stop, and a hang-up from another edge process)."""
+    return [
+        mailbox_binding(session, OUT),
+        routing_key(session, IN, "UserStartedSpeaking"),
+        routing_key(session, IN, "UserStoppedSpeaking"),
+        routing_key(session, IN, "EndCall"),
+    ]
+
+
 def session_work_queue(tier: Tier) -> str:
     """Session starts waiting for a worker of ``tier`` with room (competing consumers)."""
     return f"bargein.sessions.{tier}"

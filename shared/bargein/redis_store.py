@@ -215,6 +215,10 @@ class RedisStateStore(StateStore):
     async def unregister_session(self, tier: Tier, session: str) -> None:
         await self._redis.hdel(session_directory_key(tier), session)
 
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        info = await self._redis.hget(session_directory_key(tier), session)
+        return info if info is None or isinstance(info, bytes) else info.encode()
+
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         """Registered sessions of ``tier`` whose lease key does not exist, at most ``limit``.
 

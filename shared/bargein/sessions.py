@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from bargein.abc import StateStore, Transport
-from bargein.names import IN, OUT, TIER_EDGE, TIER_REASONING, Tier
+from bargein.names import IN, TIER_REASONING, Tier
 from bargein.runtime import SessionInfo
 
 
 async def create_session(
     transport: Transport, store: StateStore, info: SessionInfo, *, tier: Tier = TIER_REASONING
 ) -> None:
-    """Declare the session's mailboxes first (so nothing published from now on is lost), record it
-    in the directory (so it is adopted if its owner dies), then offer it to the tier's workers."""
+    """Declare the tier's mailbox first (so nothing published from now on is lost), record the
+    session in the directory (so it is adopted if its owner dies), then offer it to the tier's
+    workers. The client edge listens before calling this (its own queue, or a Caller's mailbox)."""
     await transport.declare_mailbox(info.session_id, tier, IN)
-    await transport.declare_mailbox(info.session_id, TIER_EDGE, OUT)
     raw = info.encode()
     await store.register_session(tier, info.session_id, raw)
     await transport.publish_session_start(tier, raw)

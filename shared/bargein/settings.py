@@ -90,6 +90,22 @@ class SpeechSettings(_Base):
     vad_max_batch: int = Field(default=256, ge=1, description="Sessions per inference call at most.")
 
 
+class BroadcastSettings(_Base):
+    """The client edge (``bargein broadcast``)."""
+
+    edge_secret: str = Field(
+        default="dev-secret-change-me", min_length=8, description="HMAC key for session tokens (set it!)."
+    )
+    host: str = Field(default="127.0.0.1", description="Address the edge listens on.")
+    port: int = Field(default=8080, ge=0, le=65535)
+    public_url: str | None = Field(
+        default=None, description="Base URL clients reach the edge at (for ws_url); default from the request."
+    )
+    token_ttl_s: int = Field(default=3600, ge=10, description="How long a session token is valid.")
+    send_buffer: int = Field(default=256, ge=8, description="Frames queued per connection before it is cut.")
+    report_interval_ms: float = Field(default=50, ge=0, description="How often delivery is reported back.")
+
+
 _S = TypeVar("_S", bound=BaseSettings)
 
 
@@ -108,5 +124,11 @@ def load(cls: type[_S], **overrides: Any) -> _S:
 
 def all_variables() -> set[str]:
     """Every ``BARGEIN_*`` variable bargein reads (the deployment files are checked against it)."""
-    classes: list[type[BaseSettings]] = [CoreSettings, LLMSettings, BrokerSettings, SpeechSettings]
+    classes: list[type[BaseSettings]] = [
+        CoreSettings,
+        LLMSettings,
+        BrokerSettings,
+        SpeechSettings,
+        BroadcastSettings,
+    ]
     return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
