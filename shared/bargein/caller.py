@@ -17,7 +17,14 @@ from typing import TypeVar
 
 from bargein.abc import Subscription, Transport
 from bargein.envelope import Envelope
-from bargein.events import AgentGenerationComplete, AgentResponse, Event, SpeechDelivered, TurnInterrupted
+from bargein.events import (
+    AgentGenerationComplete,
+    AgentResponse,
+    Event,
+    InterruptPolicy,
+    SpeechDelivered,
+    TurnInterrupted,
+)
 from bargein.fence import TurnFence
 from bargein.names import IN, OUT, TIER_EDGE
 
@@ -39,6 +46,7 @@ class Caller:
         self._settle = settle
         self.fence = TurnFence()
         self.interrupted_turns: list[int] = []
+        self.policy: set[str] = set()  # what the owner says always interrupts (InterruptPolicy)
         self.received: list[tuple[Envelope, Event]] = []  # everything handed out by next()
         self._buffer: collections.deque[tuple[Envelope, Event]] = collections.deque()
         self._arrived = asyncio.Event()
@@ -69,6 +77,9 @@ class Caller:
     # --- the edge --------------------------------------------------------------------------------
 
     async def _on_output(self, envelope: Envelope, event: Event) -> None:
+        if isinstance(event, InterruptPolicy):
+            self.policy = set(event.events)
+            return
         if isinstance(event, TurnInterrupted):
             if self.fence.interrupt(event.turn):
                 self.interrupted_turns.append(event.turn)

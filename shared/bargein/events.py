@@ -201,6 +201,14 @@ class TurnInterrupted(Event, control=True):
     turn: int
 
 
+class InterruptPolicy(Event, control=True):
+    """Published by a session's owner when it starts: the caller-side events that cut off the
+    agent's turn with no condition attached. On those the edge clears clients at once, without
+    waiting for the owner's TurnInterrupted (which still follows, and covers conditional ones)."""
+
+    events: list[str]
+
+
 class SpeechDelivered(Event):
     """Published by the client edge: chunks ``seq <= seq`` of ``turn`` reached (or were played by) the
     caller. The owner cuts an interrupted assistant message to exactly these chunks."""

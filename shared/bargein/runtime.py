@@ -42,6 +42,7 @@ from bargein.events import (
     AgentResponse,
     EndCall,
     Event,
+    InterruptPolicy,
     SpeechDelivered,
     TurnInterrupted,
 )
@@ -295,6 +296,10 @@ class SessionRuntime(SessionProcessor):
             await self.guard(node.start(), "node start")
         if self.line_call is not None:
             self.line_call.system.attach(self.send_initial_message)
+        policy = InterruptPolicy(events=sorted(self.unconditional_interrupts()))
+        await self.guard(
+            self.transport.publish(Envelope.wrap(self.session_id, policy, epoch=self.epoch), OUT), "policy"
+        )
         log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
 
     async def close(self, *, checkpoint: bool = True) -> None:
@@ -445,6 +450,19 @@ class SessionRuntime(SessionProcessor):
         # listens, which is the common case and keeps a busy worker's event loop free for interrupts
         if self._heard_by_others(type(event), run.route.bridge):
             self._inbox.put_nowait((Message.from_envelope(envelope, event), run.route.bridge))
+
+    def unconditional_interrupts(self) -> set[str]:
+        """Events that always cut off a turn the caller hears (no condition on the clause)."""
+        bridges = [self.speaking_bridge] if self.speaking_bridge is not None else self.bridges
+        return {
+            event.type_name()
+            for bridge in bridges
+            for route in bridge.routes
+            if route.runs_as_turns
+            for clause in route.interrupts
+            if clause.condition is None
+            for event in clause.types
+        }
 
     def _heard_by_others(self, event_type: type[Event], origin: Bridge) -> bool:
         key = (event_type, id(origin))

@@ -193,3 +193,19 @@ async def test_other_bridges_hear_a_nodes_broadcasts() -> None:
         assert await s.next() == AgentResponse(content="hello there")
         await s.broker.settle()
         assert heard == ["talker:hello there"]
+
+
+@pytest.mark.parametrize(
+    "agent, policy",
+    [
+        ("basic", {"UserStartedSpeaking"}),
+        ("condition", set()),  # conditional: the edge must wait for the owner's TurnInterrupted
+        ("multiple_events", {"UserStartedSpeaking", "EmergencyStop", "AgentHandoff"}),
+    ],
+)
+async def test_owner_tells_the_edge_which_events_always_interrupt(agent: str, policy: set[str]) -> None:
+    from services.reasoning.agents import seed
+
+    async with LocalSession(getattr(seed, agent)) as s:
+        await s.broker.settle()
+        assert s.policy == policy
