@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
+    sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
 
     bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.service import main as service_main
 
             return service_main(TIER_REASONING)
+        if args.command == "broadcast":
+            from services.broadcast.service import main as broadcast_main
+
+            return broadcast_main()
         if args.command == "bench" and args.bench == "interrupt":
             from bargein.bench import interrupt_main
 

@@ -1,0 +1,1 @@
+"""The broadcast service: the client edge (HTTP + WebSocket). See docs/protocol.md."""

@@ -1,0 +1,8 @@
+"""``python -m services.broadcast`` (or ``bargein broadcast``): the client edge. Wiring only."""
+
+import sys
+
+from services.broadcast.service import main
+
+if __name__ == "__main__":
+    sys.exit(main())
