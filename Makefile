@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint unit format clean
+.PHONY: install demo test lint format fixtures clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing bargein (first run only)"
@@ -26,13 +26,17 @@ test: lint
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared services tests
-	$(BIN)/ruff format --check shared services tests
+	$(BIN)/ruff check shared services tests scripts
+	$(BIN)/ruff format --check shared services tests scripts
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix shared services tests
-	$(BIN)/ruff format shared services tests
+	$(BIN)/ruff check --fix shared services tests scripts
+	$(BIN)/ruff format shared services tests scripts
+
+## Regenerate the speech fixtures (needs espeak-ng and sox); the results are committed.
+fixtures: $(STAMP)
+	$(BIN)/python scripts/make_fixtures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

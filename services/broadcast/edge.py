@@ -27,7 +27,6 @@ from bargein.events import (
     AgentGenerationComplete,
     AgentResponse,
     AudioFrame,
-    EmergencyStop,
     EndCall,
     Event,
     InterruptPolicy,
@@ -52,6 +51,7 @@ Frame = dict[str, Any]
 CLOSE_SLOW = 1013
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
 IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
+STOP_BUTTON = "stop-button"  # the source of the barge-in the edge publishes for {"type": "interrupt"}
 
 
 class Outbox:
@@ -319,7 +319,8 @@ class Edge:
             session.clear(event.turn, "the agent's turn was interrupted")
         elif isinstance(event, UserStartedSpeaking):
             session.barge_in_at = time.monotonic()
-            session.broadcast({"type": "user_started_speaking"})
+            if envelope.source != STOP_BUTTON:  # the stop button is not the caller speaking
+                session.broadcast({"type": "user_started_speaking"})
             if (
                 UserStartedSpeaking.type_name() in session.policy
                 and session.highest_turn not in session.completed
@@ -367,9 +368,9 @@ class Edge:
 
     # --- from clients ----------------------------------------------------------------------------
 
-    async def _publish(self, session_id: str, event: Event) -> None:
+    async def _publish(self, session_id: str, event: Event, source: str = "edge") -> None:
         self._seq += 1
-        await self.transport.publish(Envelope.wrap(session_id, event, seq=self._seq, source="edge"), IN)
+        await self.transport.publish(Envelope.wrap(session_id, event, seq=self._seq, source=source), IN)
 
     async def client_audio(self, connection: Connection, data: bytes) -> Frame | None:
         """Returns an error frame for the client, or None."""
@@ -403,8 +404,9 @@ class Edge:
             if connection.reports_played:
                 session.delivered(message.turn, message.seq)
         elif isinstance(message, Interrupt):
+            # told to the agent as a barge-in, which every interruptible route listens for
             session.barge_in_at = time.monotonic()
-            await self._publish(sid, EmergencyStop(reason="stopped by the caller"))
+            await self._publish(sid, UserStartedSpeaking(), source=STOP_BUTTON)
             if session.highest_turn not in session.completed:
                 session.clear(session.highest_turn, "the caller pressed stop")
         elif isinstance(message, End):

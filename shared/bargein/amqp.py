@@ -54,6 +54,7 @@ from bargein.names import (
     Tier,
     edge_bindings,
     mailbox_binding,
+    mailbox_extra_bindings,
     mailbox_queue,
     routing_key,
     session_work_queue,
@@ -182,11 +183,18 @@ class AmqpTransport(Transport):
     # --- publishing ------------------------------------------------------------------------------
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
-        await self.publish_raw(
-            routing_key(envelope.session, direction, envelope.type),
-            encode(envelope),
-            control=envelope.control,
-        )
+        key = routing_key(envelope.session, direction, envelope.type)
+        if envelope.lane == "audio":
+            await self.publish_audio(key, encode(envelope))
+        else:
+            await self.publish_raw(key, encode(envelope), control=envelope.control)
+
+    async def publish_audio(self, key: str, body: bytes) -> None:
+        """Audio is transient and high-rate: no confirms to wait for, and old audio is worthless
+        anyway (speech mailboxes drop their oldest frames when full)."""
+        message = aio_pika.Message(body, content_type=CONTENT_TYPE)
+        await self._need(self._audio).publish(message, key, mandatory=False)
+        self.counters["published_audio"] += 1
 
     async def publish_raw(self, key: str, body: bytes, *, control: bool = False) -> None:
         """Publish bytes as they are (the codec's output, or a malformed message in tests)."""
@@ -224,6 +232,8 @@ class AmqpTransport(Transport):
             mailbox_queue(tier, session), durable=True, arguments=self._mailbox_arguments(tier), robust=robust
         )
         await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=robust)
+        for exchange, key in mailbox_extra_bindings(tier, session):
+            await queue.bind(exchange, key, robust=robust)
         return queue
 
     async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:

@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
     sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
+    sub.add_parser("speech", help="run the speech-detection service (Silero VAD; RabbitMQ + Redis)")
 
     bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-ms", type=float, default=100.0, help="each session publishes a chunk this often"
     )
     intr.add_argument("--words-per-chunk", type=_positive, default=8)
+    vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
+    vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
+    vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
     return parser
 
 
@@ -57,6 +61,16 @@ def main(argv: list[str] | None = None) -> int:
             from services.broadcast.service import main as broadcast_main
 
             return broadcast_main()
+        if args.command == "speech":
+            from bargein.names import TIER_SPEECH
+            from bargein.service import main as service_main
+            from services.speech.processor import speech_factory
+
+            return service_main(TIER_SPEECH, speech_factory)
+        if args.command == "bench" and args.bench == "vad":
+            from bargein.bench_vad import main as vad_main
+
+            return vad_main(args=args)
         if args.command == "bench" and args.bench == "interrupt":
             from bargein.bench import interrupt_main
 

@@ -33,7 +33,12 @@ class TurnFence:
         return 0 < turn <= self.interrupted_upto
 
     def admit(self, envelope: Envelope) -> bool:
-        """Whether ``envelope`` (agent output) may go to clients; records it if so."""
+        """Whether ``envelope`` (agent output) may go to clients; records it if so.
+
+        Only turn output (turn > 0, stamped by the reasoning owner) is fenced; session-level notices
+        (a speech tier's ``SessionError``, turn 0) carry another tier's epoch and always pass."""
+        if envelope.turn == 0:
+            return True
         if envelope.epoch < self.epoch:
             self.dropped["stale_epoch"] += 1
             return False

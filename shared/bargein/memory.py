@@ -22,11 +22,13 @@ from bargein.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.errors import EnvelopeError, StaleEpochError
 from bargein.names import (
     EVENTS_EXCHANGE,
+    TIER_SPEECH,
     Direction,
     Tier,
     edge_bindings,
     lane_exchange,
     mailbox_binding,
+    mailbox_extra_bindings,
     mailbox_queue,
     routing_key,
     tier_exchange,
@@ -54,11 +56,11 @@ class DeadLetter:
 @dataclass
 class _Mailbox:
     name: str
-    exchange: str
-    patterns: list[str]
+    patterns: list[tuple[str, str]]  # (exchange, topic pattern)
     items: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     consumer: asyncio.Task[None] | None = None
+    max_length: int | None = None
 
 
 class MemoryBroker:
@@ -79,7 +81,11 @@ class MemoryBroker:
         self._last_serial = serial
         delivered = 0
         for box in self.mailboxes.values():
-            if box.exchange == exchange and any(topic_matches(p, key) for p in box.patterns):
+            if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns):
+                if box.max_length is not None and len(box.items) >= box.max_length:
+                    # drop-head, as RabbitMQ's x-overflow does for audio (never the one in flight)
+                    del box.items[1 if box.consumer is not None and len(box.items) > 1 else 0]
+                    self.counters["dropped_oldest"] += 1
                 box.items.append((serial, body))
                 box.wakeup.set()
                 delivered += 1
@@ -130,11 +136,12 @@ class _MemoryEdgeQueue(EdgeQueue):
 
     async def add_session(self, session: str) -> None:
         for key in edge_bindings(session):
-            if key not in self._box.patterns:
-                self._box.patterns.append(key)
+            if (EVENTS_EXCHANGE, key) not in self._box.patterns:
+                self._box.patterns.append((EVENTS_EXCHANGE, key))
 
     async def remove_session(self, session: str) -> None:
-        self._box.patterns = [p for p in self._box.patterns if p not in edge_bindings(session)]
+        keys = set(edge_bindings(session))
+        self._box.patterns = [(ex, p) for ex, p in self._box.patterns if p not in keys]
 
     async def cancel(self) -> None:
         await _MemorySubscription(self._box).cancel()
@@ -154,8 +161,9 @@ class _MemorySubscription(Subscription):
 
 
 class MemoryTransport(Transport):
-    def __init__(self, broker: MemoryBroker | None = None) -> None:
+    def __init__(self, broker: MemoryBroker | None = None, *, audio_mailbox_frames: int = 500) -> None:
         self.broker = broker or MemoryBroker()
+        self.audio_mailbox_frames = audio_mailbox_frames
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
@@ -206,7 +214,7 @@ class MemoryTransport(Transport):
             box.items.popleft()
 
     async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
-        box = self.broker.mailboxes[name] = _Mailbox(name, EVENTS_EXCHANGE, [])
+        box = self.broker.mailboxes[name] = _Mailbox(name, [])
         box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
         return _MemoryEdgeQueue(self.broker, box)
 
@@ -214,7 +222,12 @@ class MemoryTransport(Transport):
         name = mailbox_queue(tier, session)
         if name not in self.broker.mailboxes:
             self.broker.mailboxes[name] = _Mailbox(
-                name, tier_exchange(tier), [mailbox_binding(session, direction)]
+                name,
+                [
+                    (tier_exchange(tier), mailbox_binding(session, direction)),
+                    *mailbox_extra_bindings(tier, session),
+                ],
+                max_length=self.audio_mailbox_frames if tier == TIER_SPEECH else None,
             )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:

@@ -70,6 +70,14 @@ def edge_bindings(session: str) -> list[str]:
     ]
 
 
+def mailbox_extra_bindings(tier: Tier, session: str) -> list[tuple[str, str]]:
+    """(exchange, key) bindings a tier's mailbox has besides its own lane: the speech tier's audio
+    mailbox also hears the hang-up, so its owner lets the session go."""
+    if tier == TIER_SPEECH:
+        return [(EVENTS_EXCHANGE, routing_key(session, IN, "EndCall"))]
+    return []
+
+
 def session_work_queue(tier: Tier) -> str:
     """Session starts waiting for a worker of ``tier`` with room (competing consumers)."""
     return f"bargein.sessions.{tier}"

@@ -106,11 +106,14 @@ class ReasoningNode(Node):
         self.conversation_events = []
         self._interrupted.clear()
 
-    def amend_interrupted_turn(self, turn: int, delivered_text: str) -> None:
-        """A delivery report for an interrupted turn came after the cancel: correct the history."""
+    def amend_interrupted_turn(self, turn: int, delivered_text: str) -> bool:
+        """A delivery report for an interrupted turn came after the cancel: correct the history.
+        Returns whether anything changed."""
         recorded = self._interrupted.get(turn)
-        if recorded is not None:
-            recorded.content = delivered_text
+        if recorded is None or recorded.content == delivered_text:
+            return False
+        recorded.content = delivered_text
+        return True
 
     # --- generation ------------------------------------------------------------------------------
 

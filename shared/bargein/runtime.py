@@ -358,7 +358,8 @@ class SessionRuntime(SessionProcessor):
             return
         message = Message.from_envelope(envelope, event)
         if isinstance(event, SpeechDelivered):
-            self._on_delivery_report(event)
+            if self._on_delivery_report(event):
+                await self.checkpoint()  # an interrupted answer was corrected: keep it that way
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
@@ -366,11 +367,14 @@ class SessionRuntime(SessionProcessor):
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
-    def _on_delivery_report(self, report: SpeechDelivered) -> None:
+    def _on_delivery_report(self, report: SpeechDelivered) -> bool:
+        """Record how far the caller got; True if that corrected an interrupted answer."""
         self.ledger.delivered(report.turn, report.seq)
+        amended = False
         for node in self.nodes:
             if isinstance(node, ReasoningNode):
-                node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
+                amended |= node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
+        return amended
 
     async def _dispatch_loop(self) -> None:
         """Dispatches what the session's own bridges broadcast, for its other bridges."""

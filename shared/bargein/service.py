@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Callable
 
 from bargein.amqp import AmqpTransport
+from bargein.errors import SettingsError
 from bargein.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
 from bargein.loader import load_agent
 from bargein.logs import configure_logging
@@ -78,6 +80,15 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
 
 
 def main(tier: Tier, build: FactoryBuilder = reasoning_factory) -> int:
+    """Run the service; a bad setting ends it at once with exit code 2 and the variable's name."""
+    try:
+        return _main(tier, build)
+    except SettingsError as exc:
+        print(f"bargein {tier}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(tier: Tier, build: FactoryBuilder) -> int:
     core = load(CoreSettings)
     broker = load(BrokerSettings)
     load(LLMSettings)  # fail now on a bad LLM setting, not in the first turn

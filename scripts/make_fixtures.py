@@ -1,0 +1,189 @@
+"""Make the speech fixtures: small 16 kHz mono PCM16 WAV files and where speech is in each.
+
+``python scripts/make_fixtures.py`` (``make fixtures``) writes ``tests/fixtures/audio/*.wav`` and
+``tests/fixtures/audio/marks.json``. The tests compare what the speech tier detects against these
+marks, so the marks must not come from a voice activity detector: each utterance is synthesised
+with espeak-ng, converted to 16 kHz and trimmed of leading and trailing quiet with sox's ``silence``
+effect, and then placed at a known offset in a quiet background. A mark is therefore exactly where
+the script put the first and last sample above sox's threshold.
+
+The output is deterministic (espeak-ng is, and the background noise uses a fixed seed), so running
+the script again reproduces the committed files; the tests only read them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+RATE = 16_000
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "audio"
+VOICE = "en-us"
+WORDS_PER_MINUTE = 160
+# sox silence effect: trim until 10 ms in a row are above 1% of full scale (-40 dBFS), at both ends
+TRIM_ABOVE = "1%"
+TRIM_DURATION_S = "0.01"
+BACKGROUND_DBFS = -60.0  # a faint noise floor: real line audio is never digital zero
+SEED = 20240604
+
+
+@dataclass
+class Piece:
+    """A stretch of a fixture: ``silence_ms`` of background, or an utterance of ``text``, or a noise
+    burst of ``noise_ms`` (a cough-like thump, not speech)."""
+
+    silence_ms: float = 0.0
+    text: str | None = None
+    noise_ms: float = 0.0
+
+
+FIXTURES: dict[str, list[Piece]] = {
+    # one sentence with quiet around it: speech start and end detection
+    "one_utterance.wav": [
+        Piece(silence_ms=1000),
+        Piece(text="Hello, I would like to book a table for two tonight."),
+        Piece(silence_ms=1200),
+    ],
+    # two sentences 1.5 s apart: two turns, and the second one barges in on the agent's answer
+    "two_utterances.wav": [
+        Piece(silence_ms=800),
+        Piece(text="What is the weather like today?"),
+        Piece(silence_ms=1500),
+        Piece(text="Actually, never mind."),
+        Piece(silence_ms=1200),
+    ],
+    # a short voiced syllable: long enough to barge in, too short to be a turn (false interruption)
+    "short_burst.wav": [
+        Piece(silence_ms=1000),
+        Piece(text="Hmm."),
+        Piece(silence_ms=1200),
+    ],
+    # a 200 ms noise thump (a cough, a knock): not speech at all
+    "noise_burst.wav": [
+        Piece(silence_ms=1000),
+        Piece(noise_ms=200),
+        Piece(silence_ms=1000),
+    ],
+}
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        sys.exit(f"make_fixtures: {tool} is not installed (apt-get install espeak-ng sox)")
+    return path
+
+
+def read_wav(path: Path) -> np.ndarray:
+    with wave.open(str(path), "rb") as wav:
+        if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, RATE):
+            raise ValueError(f"{path}: expected 16 kHz mono PCM16")
+        return np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").copy()
+
+
+def write_wav(path: Path, samples: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(RATE)
+        wav.writeframes(samples.astype("<i2").tobytes())
+
+
+def synthesize(text: str, workdir: Path, name: str) -> np.ndarray:
+    """espeak-ng → sox: resample to 16 kHz mono PCM16 and trim quiet from both ends."""
+    raw = workdir / f"{name}.raw.wav"
+    trimmed = workdir / f"{name}.wav"
+    subprocess.run(
+        [_need("espeak-ng"), "-v", VOICE, "-s", str(WORDS_PER_MINUTE), "-w", str(raw), text], check=True
+    )
+    convert = ["-r", str(RATE), "-c", "1", "-b", "16", "-e", "signed-integer"]
+    trim = ["silence", "1", TRIM_DURATION_S, TRIM_ABOVE]
+    # -D: no dither (sox adds random dither when it resamples, which would make every run differ);
+    # trim the start, reverse, trim the (old) end, reverse back
+    subprocess.run(
+        [_need("sox"), "-D", str(raw), *convert, str(trimmed), *trim, "reverse", *trim, "reverse"], check=True
+    )
+    return read_wav(trimmed)
+
+
+def noise_burst(ms: float, rng: np.random.Generator) -> np.ndarray:
+    """Low-passed noise under a fast-attack, slow-decay envelope: roughly a cough or a knock."""
+    n = int(RATE * ms / 1000)
+    noise = np.convolve(rng.standard_normal(n + 15), np.ones(16) / 16, mode="valid")[:n]
+    t = np.arange(n) / n
+    envelope = np.minimum(t / 0.05, 1.0) * np.exp(-4.0 * t)
+    peak = np.abs(noise * envelope).max()
+    return np.asarray(noise * envelope / peak * 0.4 * 32767, dtype=np.float64)
+
+
+def assemble(
+    pieces: list[Piece], workdir: Path, stem: str, rng: np.random.Generator
+) -> tuple[np.ndarray, dict[str, object]]:
+    parts: list[np.ndarray] = []
+    speech: list[list[float]] = []
+    noise: list[list[float]] = []
+    texts: list[str] = []
+    at = 0  # samples so far
+    for i, piece in enumerate(pieces):
+        if piece.text is not None:
+            clip = synthesize(piece.text, workdir, f"{stem}-{i}").astype(np.float64)
+            speech.append([at * 1000 / RATE, (at + len(clip)) * 1000 / RATE])
+            texts.append(piece.text)
+        elif piece.noise_ms:
+            clip = noise_burst(piece.noise_ms, rng)
+            noise.append([at * 1000 / RATE, (at + len(clip)) * 1000 / RATE])
+        else:
+            clip = np.zeros(int(RATE * piece.silence_ms / 1000))
+        parts.append(clip)
+        at += len(clip)
+    signal = np.concatenate(parts)
+    floor = 32767 * 10 ** (BACKGROUND_DBFS / 20)
+    signal = signal + rng.standard_normal(len(signal)) * floor
+    samples = np.clip(np.round(signal), -32768, 32767).astype(np.int16)
+    marks = {
+        "duration_ms": round(len(samples) * 1000 / RATE, 3),
+        "speech": [[round(a, 3), round(b, 3)] for a, b in speech],
+        "noise": [[round(a, 3), round(b, 3)] for a, b in noise],
+        "text": texts,
+    }
+    return samples, marks
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    all_marks: dict[str, object] = {
+        "about": (
+            "Where speech starts and stops in each fixture, in ms from the start of the file, computed "
+            "by scripts/make_fixtures.py from where it placed each espeak-ng utterance after trimming "
+            f"it with sox 'silence 1 {TRIM_DURATION_S} {TRIM_ABOVE}' at both ends (never from a VAD). "
+            "'noise' lists non-speech bursts."
+        ),
+        "sample_rate": RATE,
+        "files": {},
+    }
+    files: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, pieces in FIXTURES.items():
+            samples, marks = assemble(pieces, Path(tmp), Path(name).stem, rng)
+            write_wav(OUT / name, samples)
+            files[name] = marks
+            seconds = float(str(marks["duration_ms"])) / 1000
+            print(f"{name}: {seconds:.2f} s, speech {marks['speech']}, noise {marks['noise']}")
+    all_marks["files"] = files
+    (OUT / "marks.json").write_text(json.dumps(all_marks, indent=2) + "\n")
+    total = sum(p.stat().st_size for p in OUT.iterdir())
+    print(f"wrote {len(FIXTURES)} fixtures and marks.json to {OUT} ({total / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

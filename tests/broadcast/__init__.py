@@ -1,0 +1,1 @@
+"""The broadcast service's clients: ``bargein call`` and the browser page, against real services."""
