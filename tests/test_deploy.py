@@ -39,7 +39,7 @@ def _check_env(names: Any) -> None:
 def test_compose_services_run_real_commands_with_real_settings() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"rabbitmq", "redis", "reasoning"} <= set(services)
+    assert {"rabbitmq", "redis", "reasoning", "speech", "broadcast"} <= set(services)
     for name, service in services.items():
         if service.get("image", "").startswith("bargein") or "build" in service:
             _check_command(service["command"])
@@ -79,6 +79,8 @@ def test_manifest_is_whole(doc: dict[str, Any]) -> None:
     assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name")
     if doc["kind"] == "ConfigMap":
         _check_env(doc["data"])
+    if doc["kind"] == "Secret":
+        _check_env(doc["stringData"])
     if doc["kind"] in ("Deployment", "StatefulSet"):
         spec = doc["spec"]
         assert spec["selector"]["matchLabels"] == spec["template"]["metadata"]["labels"]
@@ -86,5 +88,10 @@ def test_manifest_is_whole(doc: dict[str, Any]) -> None:
         for container in spec["template"]["spec"]["containers"]:
             if container["image"].startswith("bargein"):
                 _check_command(container["command"])
+                secrets = {d["metadata"]["name"] for d in _manifests() if d["kind"] == "Secret"}
+                _check_env(e["name"] for e in container.get("env", []))
                 for source in container.get("envFrom", []):
-                    assert source["configMapRef"]["name"] in configmaps
+                    if "configMapRef" in source:
+                        assert source["configMapRef"]["name"] in configmaps
+                    else:
+                        assert source["secretRef"]["name"] in secrets
