@@ -16,6 +16,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.websockets import WebSocket
@@ -108,6 +109,7 @@ class Connection:
         if self.closed:
             return
         if not self.outbox.put(frame):
+            self.closed = True  # from now on nothing more is queued for it
             self.session.edge.count("slow_clients")
             log.warning(
                 "session %s: a %s fell %d frames behind; disconnecting it",
@@ -115,9 +117,8 @@ class Connection:
                 self.role,
                 self.outbox.limit,
             )
-            asyncio.get_running_loop().create_task(
-                self.close(CLOSE_SLOW, {"type": "error", "code": "slow_client", "message": "too far behind"})
-            )
+            slow = {"type": "error", "code": "slow_client", "message": "too far behind"}
+            self.session.edge.spawn(self._shut(CLOSE_SLOW, slow))
 
     async def _write(self) -> None:
         try:
@@ -134,12 +135,17 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        await self._shut(code, last)
+
+    async def _shut(self, code: int, last: Frame | None) -> None:
         if self.writer is not None:
             self.writer.cancel()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):  # a stuck client must not stall us
-                if last is not None:
+        if last is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):  # a stuck client may never take it
                     await self.ws.send_json(last)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
                 await self.ws.close(code)
 
 
@@ -232,10 +238,16 @@ class Edge:
         self.counters: collections.Counter[str] = collections.Counter()
         self.queue: EdgeQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._seq = 0
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     @property
     def consuming(self) -> bool:

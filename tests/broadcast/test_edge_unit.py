@@ -1,0 +1,132 @@
+"""The edge's buffering rules, in process: a stuck client is cut off, nobody else waits for it.
+
+The socket here is a stand-in whose ``send_json`` can be made to block, because a real client that
+stops reading only blocks the server once kernel buffers of megabytes have filled; the behaviour
+under test is the edge's own outbox policy, which this drives exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bargein.envelope import Envelope
+from bargein.events import AgentResponse, InterruptPolicy, TurnInterrupted, UserStartedSpeaking
+from bargein.memory import MemoryStateStore, MemoryTransport
+from bargein.settings import BroadcastSettings
+from services.broadcast.edge import CLOSE_SLOW, Edge, Outbox
+
+from ..sdk.helpers import wait_for
+
+
+class FakeSocket:
+    def __init__(self, stuck: bool = False) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.closed_with: int | None = None
+        self.unblock = asyncio.Event()
+        if not stuck:
+            self.unblock.set()
+
+    async def send_json(self, frame: dict[str, Any]) -> None:
+        await self.unblock.wait()
+        self.sent.append(frame)
+
+    async def close(self, code: int = 1000) -> None:
+        self.closed_with = code
+
+
+async def make_edge(buffer: int = 8) -> Edge:
+    settings = BroadcastSettings(send_buffer=buffer, report_interval_ms=10)
+    edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
+    await edge.start()
+    return edge
+
+
+async def push(edge: Edge, session: str, event: Any, **fields: int) -> None:
+    await edge.on_event(Envelope.wrap(session, event, **fields), event)
+
+
+async def test_a_stuck_client_is_cut_off_and_others_keep_receiving() -> None:
+    edge = await make_edge(buffer=8)
+    try:
+        stuck, healthy = FakeSocket(stuck=True), FakeSocket()
+        a = await edge.join("s1", stuck, "caller", False)  # type: ignore[arg-type]
+        await edge.join("s1", healthy, "listener", False)  # type: ignore[arg-type]
+        for seq in range(20):  # one at a time, as the consumer hands them over
+            await push(edge, "s1", AgentResponse(content=f"w{seq} "), turn=1, seq=seq, epoch=1)
+            await asyncio.sleep(0.001)
+        await wait_for(lambda: stuck.closed_with is not None)
+        assert stuck.closed_with == CLOSE_SLOW and a.closed
+        await wait_for(lambda: len(healthy.sent) == 20)
+        assert [f["seq"] for f in healthy.sent] == list(range(20))
+        assert edge.counters["slow_clients"] == 1
+    finally:
+        await edge.stop()
+
+
+async def test_clear_purges_queued_chunks_and_jumps_the_queue() -> None:
+    box = Outbox(limit=100)
+    for seq in range(5):
+        box.put({"type": "agent_chunk", "turn": 1, "seq": seq, "text": "x"})
+    box.put({"type": "turn_complete", "turn": 1})
+    box.put({"type": "user_started_speaking"})
+    assert box.purge_turns(1) == 6
+    box.put_first({"type": "clear", "turn": 1})
+    assert [f["type"] for f in box.frames] == ["clear", "user_started_speaking"]
+
+
+async def test_policy_lets_the_edge_clear_before_the_owner_says_so() -> None:
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)  # nothing is written yet: everything waits in the outbox
+        connection = await edge.join("s2", sock, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s2", InterruptPolicy(events=["UserStartedSpeaking"]), epoch=1)
+        for seq in range(3):
+            await push(edge, "s2", AgentResponse(content="x"), turn=4, seq=seq, epoch=1)
+        await push(edge, "s2", UserStartedSpeaking())  # from speech detection; no TurnInterrupted yet
+        kinds = [(f["type"], f.get("turn")) for f in connection.outbox.frames]
+        assert kinds == [("clear", 4), ("user_started_speaking", None)]
+        await push(edge, "s2", AgentResponse(content="late"), turn=4, seq=3, epoch=1)  # in flight
+        await push(edge, "s2", TurnInterrupted(turn=4), turn=4, epoch=1)  # the owner confirms
+        assert [f["type"] for f in connection.outbox.frames] == ["clear", "user_started_speaking"]
+    finally:
+        await edge.stop()
+
+
+async def test_without_the_policy_the_edge_waits_for_the_owner() -> None:
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)
+        connection = await edge.join("s3", sock, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s3", InterruptPolicy(events=[]), epoch=1)  # a conditional interrupt
+        await push(edge, "s3", AgentResponse(content="x"), turn=2, seq=0, epoch=1)
+        await push(edge, "s3", UserStartedSpeaking())
+        assert "clear" not in [f["type"] for f in connection.outbox.frames]  # the owner may decline
+        await push(edge, "s3", TurnInterrupted(turn=2), turn=2, epoch=1)
+        assert connection.outbox.frames[0] == {"type": "clear", "turn": 2}
+    finally:
+        await edge.stop()
+
+
+async def test_what_a_caller_was_sent_is_reported_back(monkeypatch: Any) -> None:
+    edge = await make_edge()
+    try:
+        published: list[Envelope] = []
+        transport = edge.transport
+        original = transport.publish
+
+        async def record(envelope: Envelope, direction: Any) -> None:
+            published.append(envelope)
+            await original(envelope, direction)
+
+        monkeypatch.setattr(transport, "publish", record)
+        sock = FakeSocket()
+        await edge.join("s4", sock, "caller", False)  # type: ignore[arg-type]
+        for seq in range(4):
+            await push(edge, "s4", AgentResponse(content="x"), turn=3, seq=seq, epoch=1)
+        await wait_for(lambda: any(e.type == "SpeechDelivered" for e in published))
+        await asyncio.sleep(0.05)
+        reports = [(e.payload["turn"], e.payload["seq"]) for e in published if e.type == "SpeechDelivered"]
+        assert reports[-1] == (3, 3)
+    finally:
+        await edge.stop()
