@@ -55,6 +55,7 @@ from bargein.caller import Caller
 from bargein.errors import BargeinError
 from bargein.events import EndCall, UserStartedSpeaking, UserStoppedSpeaking
 from bargein.names import (
+    OUT,
     TIER_EDGE,
     TIER_REASONING,
     mailbox_queue,
@@ -467,6 +468,7 @@ class _InterruptBench:
             sid = f"bench-{self.run_id}-{i:05d}"
             info = SessionInfo(sid, dict(options), edge_reports_delivery=False)
             self.created.append(sid)
+            await self.transport.declare_mailbox(sid, TIER_EDGE, OUT)  # listen before the session starts
             await create_session(self.transport, self.store, info)
             session = _Session(sid, Caller(self.transport, sid, report_delivery=False))
             self.edge.sessions[sid] = session

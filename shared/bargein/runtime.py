@@ -216,6 +216,9 @@ class TurnRun:
         self.interrupted_by = message
         self.clause = clause
         self.task.cancel()
+        # Let the turn's task take its CancelledError before we spend time on the notice and the
+        # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
+        await asyncio.sleep(0)
         await self.runtime.turn_interrupted(self)
 
 
