@@ -20,6 +20,7 @@ from bargein.envelope import Envelope
 from bargein.events import (
     AgentGenerationComplete,
     AgentResponse,
+    EndCall,
     Event,
     InterruptPolicy,
     SpeechDelivered,
@@ -47,6 +48,7 @@ class Caller:
         self.fence = TurnFence()
         self.interrupted_turns: list[int] = []
         self.policy: set[str] = set()  # what the owner says always interrupts (InterruptPolicy)
+        self.ended = False
         self.received: list[tuple[Envelope, Event]] = []  # everything handed out by next()
         self._buffer: collections.deque[tuple[Envelope, Event]] = collections.deque()
         self._arrived = asyncio.Event()
@@ -109,6 +111,12 @@ class Caller:
         if self.report_delivery and isinstance(event, AgentResponse):
             report = SpeechDelivered(turn=envelope.turn, seq=envelope.seq)
             await self.transport.publish(Envelope.wrap(self.session_id, report, source="edge"), IN)
+        if isinstance(event, EndCall) and envelope.source not in ("user", "edge"):
+            # the agent hung up and everything before it was handed out: end the session, as the
+            # broadcast edge does, so its owners let it go
+            hangup = EndCall(reason="agent ended the call")
+            await self.transport.publish(Envelope.wrap(self.session_id, hangup, source="edge"), IN)
+            self.ended = True
         return envelope, event
 
     async def next(self, timeout: float = 5.0) -> Event:

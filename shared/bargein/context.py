@@ -2,7 +2,8 @@
 
 ``ConversationContext`` follows Line 0.1's shape. The history it holds is the *committed* one: an
 interrupted assistant message is cut to what the caller actually received (see
-:mod:`bargein.nodes`), so ``format_events`` never feeds the model words the user never heard.
+:mod:`bargein.nodes`), so ``format_messages`` never feeds the model words the user never heard.
+``format_events`` is Line's plain-text rendering, kept as Line had it.
 
 :data:`messages` is a read-only view of the current generation's formatted messages. The seed's
 ``InterruptAwareNode`` calls ``self.llm_client.generate_stream(messages)`` with ``messages`` as a
@@ -34,7 +35,12 @@ class ConversationContext:
     system_prompt: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def format_events(self, max_messages: int | None = None) -> list[ChatMessage]:
+    def format_events(self, max_messages: int | None = None) -> str:
+        """Line's rendering: one ``"<type>: <event>"`` line per event (the last ``max_messages``)."""
+        events = self.events if max_messages is None else self.events[-max_messages:]
+        return "\n".join(f"{type(event)}: {event}" for event in events)
+
+    def format_messages(self, max_messages: int | None = None) -> list[ChatMessage]:
         """The history as OpenAI-style chat messages, system prompt first."""
         out: list[ChatMessage] = []
         for ev in self.events:
@@ -101,7 +107,7 @@ class _CurrentMessages(Sequence[ChatMessage]):
 
     def _list(self) -> list[ChatMessage]:
         ctx = _CURRENT.get()
-        return ctx.format_events() if ctx is not None else []
+        return ctx.format_messages() if ctx is not None else []
 
     @overload
     def __getitem__(self, index: int) -> ChatMessage: ...

@@ -11,9 +11,10 @@ publish them at high priority.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bargein.errors import UnknownEventType
 
@@ -109,14 +110,27 @@ class AgentGenerationComplete(Event):
 
 
 class AgentError(Event):
+    """Something went wrong on the agent's side. ``error`` is Line's field, ``message`` bargein's;
+    either may be given and both read the same."""
+
     message: str = ""
+    error: str = ""
     code: str = "agent_error"
+
+    @model_validator(mode="after")
+    def _same_text(self) -> AgentError:
+        if self.error and not self.message:
+            self.message = self.error
+        elif self.message and not self.error:
+            self.error = self.message
+        return self
 
 
 class ToolCall(Event):
     tool_name: str
     tool_args: dict[str, Any] = Field(default_factory=dict)
     tool_call_id: str | None = None
+    raw_response: dict[str, Any] = Field(default_factory=dict)
 
 
 class ToolResult(Event):
@@ -125,6 +139,22 @@ class ToolResult(Event):
     result: Any = None
     error: str | None = None
     tool_call_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def result_str(self) -> str | None:
+        if self.result is None:
+            return None
+        if isinstance(self.result, str):
+            return self.result
+        try:
+            return json.dumps(self.result)
+        except (TypeError, ValueError):
+            return str(self.result)
+
+    @property
+    def success(self) -> bool:
+        return self.error is None
 
 
 class LogMetric(Event):
@@ -189,6 +219,15 @@ class EndCall(Event):
 class TransferCall(Event):
     target_phone_number: str = ""
     reason: str = ""
+    timeout_s: int | None = 30
+
+
+class DTMFStoppedEvent(Event):
+    """The agent finished sending DTMF tones."""
+
+
+class UserUnknownInputReceived(Event):
+    input_data: str = ""
 
 
 # --- runtime control between the reasoning side and the client edge -------------------------------

@@ -15,17 +15,63 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bargein._callables import close_generator
 from bargein.context import ConversationContext, set_current_context
-from bargein.events import AgentGenerationComplete, AgentResponse, Event, UserTranscriptionReceived
+from bargein.events import (
+    AgentGenerationComplete,
+    AgentResponse,
+    AgentSpeechSent,
+    Event,
+    UserTranscriptionReceived,
+)
 
 if TYPE_CHECKING:
     from bargein.llm import LLMClient
     from bargein.message import Message
 
 log = logging.getLogger("bargein.nodes")
+
+
+_MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
+
+
+@dataclass
+class _InterruptedTurn:
+    """What an interrupted turn produced and where its cut version sits in the history, so a late
+    delivery report can redo the cut."""
+
+    produced: list[Event]
+    start: int
+    length: int
+
+
+def _append_text(produced: list[Event], text: str) -> None:
+    if produced and isinstance(produced[-1], AgentResponse):
+        produced[-1] = AgentResponse(content=produced[-1].content + text)
+    else:
+        produced.append(AgentResponse(content=text))
+
+
+def _cut(produced: list[Event], delivered: str) -> list[Event]:
+    """The part of a turn's output the caller received: text up to ``delivered``'s length, and the
+    other events (tool calls...) that came before that point. Always at least one (maybe empty)
+    assistant message, so the turn stays visible in the history."""
+    left = len(delivered)
+    out: list[Event] = []
+    for event in produced:
+        if isinstance(event, AgentResponse):
+            if left <= 0:
+                break
+            out.append(AgentResponse(content=event.content[:left]))
+            left -= len(event.content)
+        elif left > 0 or not out:
+            out.append(event)
+    if not any(isinstance(e, AgentResponse) for e in out):
+        out.append(AgentResponse(content=""))
+    return out
 
 
 class Node:
@@ -73,7 +119,7 @@ class ReasoningNode(Node):
         self.current_response = ""
         self.context = ConversationContext(system_prompt=system_prompt)
         self._llm_client = llm_client
-        self._interrupted: dict[int, AgentResponse] = {}
+        self._interrupted: dict[int, _InterruptedTurn] = {}
 
     @property
     def llm_client(self) -> LLMClient:
@@ -90,29 +136,35 @@ class ReasoningNode(Node):
     # --- history ---------------------------------------------------------------------------------
 
     def add_event(self, event: Event | Message) -> None:
-        """Append to the history; consecutive user transcripts merge into one message (as in Line)."""
+        """Append to the history. Consecutive text events of one kind (user transcripts, agent
+        responses, speech sent) merge into one by plain concatenation, as in Line."""
         ev = getattr(event, "event", event)
         if not isinstance(ev, Event):
             raise TypeError(f"add_event takes an Event or Message, got {type(event).__name__}")
         last = self.conversation_events[-1] if self.conversation_events else None
-        if isinstance(ev, UserTranscriptionReceived) and isinstance(last, UserTranscriptionReceived):
-            self.conversation_events[-1] = UserTranscriptionReceived(content=f"{last.content} {ev.content}")
-        elif isinstance(ev, AgentResponse) and isinstance(last, AgentResponse):
-            self.conversation_events[-1] = AgentResponse(content=last.content + ev.content)
+        if isinstance(ev, _MERGED) and isinstance(last, _MERGED) and type(ev) is type(last):
+            self.conversation_events[-1] = type(ev)(content=last.content + ev.content)
         else:
             self.conversation_events.append(ev)
 
-    def clear_context(self) -> None:
-        self.conversation_events = []
+    def clear_context(self) -> list[Event]:
+        """Forget the history; returns what it held (as Line did)."""
+        cleared, self.conversation_events = self.conversation_events, []
         self._interrupted.clear()
+        return cleared
 
     def amend_interrupted_turn(self, turn: int, delivered_text: str) -> bool:
         """A delivery report for an interrupted turn came after the cancel: correct the history.
         Returns whether anything changed."""
-        recorded = self._interrupted.get(turn)
-        if recorded is None or recorded.content == delivered_text:
+        record = self._interrupted.get(turn)
+        if record is None:
             return False
-        recorded.content = delivered_text
+        cut = _cut(record.produced, delivered_text)
+        current = self.conversation_events[record.start : record.start + record.length]
+        if current == cut:
+            return False
+        self.conversation_events[record.start : record.start + record.length] = cut
+        record.length = len(cut)
         return True
 
     # --- generation ------------------------------------------------------------------------------
@@ -123,7 +175,7 @@ class ReasoningNode(Node):
 
     async def generate_response(self, context: ConversationContext) -> AsyncIterator[str]:
         """Stream the LLM's answer to ``context`` as text pieces."""
-        stream = self.llm_client.generate_stream(context.format_events())
+        stream = self.llm_client.generate_stream(context.format_messages())
         try:
             async for chunk in stream:
                 if chunk.text:
@@ -134,32 +186,40 @@ class ReasoningNode(Node):
                 await aclose()
 
     async def generate(self, message: Message) -> AsyncIterator[Event]:
+        """Run ``process_context`` and keep the history: what it yields, in order (text merged into
+        assistant messages, tool calls and other events as they came), whole when the turn
+        completes, cut to what the caller received when it is interrupted."""
         self.current_response = ""
         events = self.conversation_events[-self.max_context_length :] if self.max_context_length else []
         self.context = ConversationContext(events=list(events), system_prompt=self.system_prompt)
         set_current_context(self.context)
+        produced: list[Event] = []
         gen = self.process_context(self.context)
         try:
             async for item in gen:
                 if isinstance(item, AgentResponse):
                     self.current_response += item.content
+                    _append_text(produced, item.content)
+                elif not isinstance(item, AgentGenerationComplete):
+                    produced.append(item)
                 yield item
         except BaseException as exc:
             await close_generator(gen, exc)
             if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-                self._record_interrupted()
+                self._record_interrupted(produced)
             raise
-        self.conversation_events.append(AgentResponse(content=self.current_response))
+        self.conversation_events.extend(produced or [AgentResponse(content="")])
         yield AgentGenerationComplete()
 
-    def _record_interrupted(self) -> None:
+    def _record_interrupted(self, produced: list[Event]) -> None:
         from bargein.runtime import current_run
 
         run = current_run()
-        recorded = AgentResponse(content=run.delivered_text() if run is not None else "")
-        self.conversation_events.append(recorded)
+        cut = _cut(produced, run.delivered_text() if run is not None else "")
+        start = len(self.conversation_events)
+        self.conversation_events.extend(cut)
         if run is not None and run.turn is not None:
-            self._interrupted[run.turn] = recorded
+            self._interrupted[run.turn] = _InterruptedTurn(produced, start, len(cut))
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "events": len(self.conversation_events)}

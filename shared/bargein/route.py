@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("bargein.route")
 
 EventSpec = type[Event] | Sequence[type[Event]]
+# Keyword filters on these names test the bus message (as Line's did), not the event's fields.
+MESSAGE_FILTERS = frozenset({"id", "source", "timestamp"})
 Callback = Callable[..., Any]
 StepKind = Literal["map", "filter", "stream", "broadcast"]
 
@@ -87,6 +89,8 @@ class _Matcher:
         self, types: tuple[type[Event], ...], filter_fn: Callback | None, properties: dict[str, Any]
     ) -> None:
         for name in properties:
+            if name in MESSAGE_FILTERS:
+                continue
             missing = [t.__name__ for t in types if name not in t.model_fields]
             if missing:
                 raise RouteError(f"field filter {name!r}: {', '.join(missing)} has no field {name!r}")
@@ -98,7 +102,7 @@ class _Matcher:
         if not isinstance(message.event, self.types):
             return False
         for name, expected in self.properties.items():
-            value = getattr(message.event, name, None)
+            value = getattr(message if name in MESSAGE_FILTERS else message.event, name, None)
             ok = expected(value) if callable(expected) else value == expected
             if not ok:
                 return False
@@ -280,16 +284,29 @@ class Route:
     def _clause_for(clauses: list[_Clause], message: Message) -> _Clause | None:
         return next((c for c in clauses if isinstance(message.event, c.types)), None)
 
+    @property
+    def _cutting(self) -> list[_Clause]:
+        """Clauses that cut a running turn off, numbered for checkpoints: interrupts, then suspends."""
+        return [*self.interrupts, *self.suspends]
+
     async def apply_control(self, message: Message) -> None:
         clause = self._clause_for(self.interrupts, message)
         if clause is not None:
             await self._maybe_interrupt(clause, message)
-        for clauses, suspended in ((self.suspends, True), (self.resumes, False)):
-            clause = self._clause_for(clauses, message)
-            if clause is not None:
-                self.suspended = suspended
-                if clause.handler is not None:
-                    await self._runtime_or_fail().guard(call_flexible(clause.handler, message), "handler")
+        clause = self._clause_for(self.suspends, message)
+        if clause is not None:
+            self.suspended = True
+            run = self._active
+            if run is not None and not run.cancelled:  # suspending stops what runs, like Line meant
+                self._pending.clear()
+                await run.interrupt(message, self._cutting.index(clause))
+            elif clause.handler is not None:
+                await self._runtime_or_fail().guard(call_flexible(clause.handler, message), "suspend handler")
+        clause = self._clause_for(self.resumes, message)
+        if clause is not None:
+            self.suspended = False
+            if clause.handler is not None:
+                await self._runtime_or_fail().guard(call_flexible(clause.handler, message), "resume handler")
 
     async def _maybe_interrupt(self, clause: _Clause, message: Message) -> None:
         run = self._active
@@ -352,7 +369,7 @@ class Route:
             await runtime.turn_finished(run)
 
     async def _run_handler(self, clause: int, message: Message) -> None:
-        handler = self.interrupts[clause].handler
+        handler = self._cutting[clause].handler
         if handler is not None:
             await self._runtime_or_fail().guard(call_flexible(handler, message), "interrupt handler")
 

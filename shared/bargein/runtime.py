@@ -269,11 +269,11 @@ class SessionRuntime(SessionProcessor):
         self._checkpoint_lock = asyncio.Lock()
         self._restored_routes: dict[str, Any] = {}
         self.line_call: LineCall | None = None
-        self._listeners: dict[tuple[type[Event], int], bool] = {}
+        self._listeners: dict[type[Event], bool] = {}
         self.speaking_bridge: Bridge | None = None  # None: every bridge's output reaches the caller
         self.initial_message_sent = False
         self._seq: dict[int, int] = {}
-        self._inbox: asyncio.Queue[tuple[Message, Bridge]] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatch_lock = asyncio.Lock()
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -281,7 +281,7 @@ class SessionRuntime(SessionProcessor):
 
     async def start(self) -> None:
         if is_line_style(self.agent):
-            request = CallRequest(self.session_id, dict(self.session.options))
+            request = CallRequest.from_options(self.session_id, dict(self.session.options))
             self.line_call = await launch(self.agent, request)
             self.bridges = list(self.line_call.system.bridges)
             self.speaking_bridge = self.line_call.system.speaking_bridge
@@ -366,7 +366,7 @@ class SessionRuntime(SessionProcessor):
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
-        await self._dispatch_guarded(message, None)
+        await self._dispatch_guarded(message)
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
@@ -382,22 +382,21 @@ class SessionRuntime(SessionProcessor):
     async def _dispatch_loop(self) -> None:
         """Dispatches what the session's own bridges broadcast, for its other bridges."""
         while True:
-            message, origin = await self._inbox.get()
-            await self._dispatch_guarded(message, origin)
+            await self._dispatch_guarded(await self._inbox.get())
 
-    async def _dispatch_guarded(self, message: Message, origin: Bridge | None) -> None:
+    async def _dispatch_guarded(self, message: Message) -> None:
         """One event at a time, in order; checkpointed before the caller acknowledges it."""
         async with self._dispatch_lock:
             try:
-                await self._dispatch(message, origin)
+                await self._dispatch(message)
                 if self._dirty:  # before the event is acknowledged, so a new owner would see it
                     await self.checkpoint()
             except Exception:
                 self.count("dispatch_errors")
                 log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
 
-    async def _dispatch(self, message: Message, origin: Bridge | None) -> None:
-        bridges = [b for b in self.bridges if b is not origin and b.accepts(message)]
+    async def _dispatch(self, message: Message) -> None:
+        bridges = [b for b in self.bridges if b.accepts(message)]  # the origin hears itself, as on Line's bus
         for bridge in bridges:  # control first: an interrupt acts before anything new starts
             await bridge.apply_control(message)
         for bridge in bridges:
@@ -453,10 +452,10 @@ class SessionRuntime(SessionProcessor):
             self.count("published")
         else:
             self.count("background_outputs")  # a background node: heard by the other bridges only
-        # other bridges of this session hear it too (background nodes, Line-style); skipped when none
-        # listens, which is the common case and keeps a busy worker's event loop free for interrupts
-        if self._heard_by_others(type(event), run.route.bridge):
-            self._inbox.put_nowait((Message.from_envelope(envelope, event), run.route.bridge))
+        # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,
+        # which is the common case and keeps a busy worker's event loop free for interrupts
+        if self._heard_by_bridges(type(event)):
+            self._inbox.put_nowait(Message.from_envelope(envelope, event))
 
     def unconditional_interrupts(self) -> set[str]:
         """Events that always cut off a turn the caller hears (no condition on the clause)."""
@@ -471,17 +470,11 @@ class SessionRuntime(SessionProcessor):
             for event in clause.types
         }
 
-    def _heard_by_others(self, event_type: type[Event], origin: Bridge) -> bool:
-        key = (event_type, id(origin))
-        heard = self._listeners.get(key)
+    def _heard_by_bridges(self, event_type: type[Event]) -> bool:
+        heard = self._listeners.get(event_type)
         if heard is None:
-            heard = any(
-                route.listens_to(event_type)
-                for bridge in self.bridges
-                if bridge is not origin
-                for route in bridge.routes
-            )
-            self._listeners[key] = heard
+            heard = any(route.listens_to(event_type) for bridge in self.bridges for route in bridge.routes)
+            self._listeners[event_type] = heard
         return heard
 
     async def turn_interrupted(self, run: TurnRun) -> None:

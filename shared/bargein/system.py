@@ -26,16 +26,51 @@ from bargein.route import Bridge
 
 
 @dataclass
+class AgentConfig:
+    """Line's per-call agent settings (``call_request.agent``)."""
+
+    system_prompt: str | None = None
+    introduction: str | None = None
+
+
+@dataclass
 class CallRequest:
-    """What Line handed ``handle_new_call`` about the call: here, the session and its options."""
+    """What Line handed ``handle_new_call`` about the call; here built from the session start's
+    options (``from``, ``to``, ``agent_call_id``, ``agent`` and ``metadata``, when given)."""
 
     call_id: str
-    options: dict[str, Any] = field(default_factory=dict)
+    from_: str = "unknown"
+    to: str = "unknown"
+    agent_call_id: str = ""
+    agent: AgentConfig = field(default_factory=AgentConfig)
     metadata: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.agent_call_id = self.agent_call_id or self.call_id
 
     @property
     def session_id(self) -> str:
         return self.call_id
+
+    @classmethod
+    def from_options(cls, session_id: str, options: dict[str, Any]) -> CallRequest:
+        agent = options.get("agent")
+        config = (
+            AgentConfig(**{k: agent.get(k) for k in ("system_prompt", "introduction")})
+            if isinstance(agent, dict)
+            else AgentConfig()
+        )
+        metadata = options.get("metadata")
+        return cls(
+            call_id=session_id,
+            from_=str(options.get("from", "unknown")),
+            to=str(options.get("to", "unknown")),
+            agent_call_id=str(options.get("agent_call_id", "")),
+            agent=config,
+            metadata=dict(metadata) if isinstance(metadata, dict) else {},
+            options=dict(options),
+        )
 
 
 InitialMessageSender = Callable[[Bridge, str], Awaitable[None]]

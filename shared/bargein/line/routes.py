@@ -1,0 +1,13 @@
+"""``line.routes``: Line called the chainable object ``bridge.on(...)`` returns a ``RouteBuilder``.
+
+In bargein it is :class:`bargein.route.Route`; ``RouteBuilder`` is the same class under Line's name,
+so annotations and ``isinstance`` checks in migrated code keep working.
+"""
+
+from __future__ import annotations
+
+from bargein.route import Route
+
+RouteBuilder = Route
+
+__all__ = ["Route", "RouteBuilder"]
