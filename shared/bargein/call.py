@@ -16,9 +16,13 @@ monotonic clock, from a moment this client knows to the arrival of ``clear``:
   quieter frames end it), which is exact for clean recordings like the test fixtures and an
   estimate for noisy ones. The figure includes everything a caller waits for: the speech the
   service needs before a burst counts as a barge-in (``min_interruption_ms``), detection, the
-  broker hops, the cancellation, and the way back. The time from the server's
-  ``user_started_speaking`` frame to ``clear`` is shown beside it ("after speech detection");
+  broker hops, the cancellation, and the way back. When the server's ``user_started_speaking``
+  frame for that speech arrives before ``clear``, the time from it to ``clear`` is shown beside it
+  ("after speech detection"); the edge may as well send ``clear`` first, then there is none;
 * with text, from the moment the interrupting ``text`` frame was sent.
+
+The edge announces a text turn to its clients as a burst of speech (``user_started_speaking``
+then ``user_stopped_speaking``); a text call does not show that echo of its own turns.
 
 The call ends when the server ends the session, or once the input is done (the WAV sent, or every
 text turn sent and answered), no agent turn is streaming and nothing has arrived for
@@ -317,10 +321,11 @@ class Call:
     def on_frame(self, raw: str) -> None:
         try:
             frame = json.loads(raw)
-            kind = frame["type"]
+            self.dispatch(frame["type"], frame)
         except (ValueError, KeyError, TypeError):
             self.tl.note("edge", f"ignored a frame that is not protocol JSON: {raw[:80]!r}")
-            return
+
+    def dispatch(self, kind: str, frame: dict[str, Any]) -> None:
         now = time.monotonic()
         if kind == "agent_chunk":
             turn, seq = int(frame["turn"]), int(frame["seq"])

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from bargein.errors import SettingsError
 
@@ -14,6 +17,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a whole conversation with a barge-in, in one process")
     demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
+    demo.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run speech, reasoning and broadcast as processes (RabbitMQ + Redis) and call them with a WAV",
+    )
+    demo.add_argument(
+        "--scripted", action="store_true", help="the caller's turns as scripted events, no audio"
+    )
+    demo.add_argument("--wav", type=Path, help="the caller's audio (default: the two-utterance fixture)")
+    demo.add_argument("--json", action="store_true", help="write the timeline as JSON lines")
+    demo.add_argument("--keep-logs", action="store_true", help="--distributed: keep the services' logs")
+
+    call = sub.add_parser("call", help="call a running stack through its edge, with a live timeline")
+    call.add_argument("--url", default="http://127.0.0.1:8080", help="the edge's base URL")
+    said = call.add_mutually_exclusive_group(required=True)
+    said.add_argument(
+        "--wav", type=Path, help="16 kHz mono 16-bit WAV, streamed at real time as the microphone"
+    )
+    said.add_argument("--text", action="append", help="a text turn (repeat it for several turns)")
+    call.add_argument("--json", action="store_true", help="write the timeline as JSON lines")
+    call.add_argument(
+        "--listen-after",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="after the input, hang up once nothing has arrived for S seconds (default 3)",
+    )
+    call.add_argument(
+        "--barge-in-after",
+        type=_positive,
+        metavar="N",
+        help="send each next --text after N chunks of the answer, cutting it off",
+    )
+    call.add_argument(
+        "--agent-options", type=_json_object, metavar="JSON", help="the session's agent_options"
+    )
+    call.add_argument("--turn-taking", type=_json_object, metavar="JSON", help="turn-taking overrides")
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
     sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
@@ -37,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -49,9 +99,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            from bargein.demo import main as demo_main
+            if args.distributed:
+                from bargein.demo_distributed import main as distributed_main
 
-            return demo_main(args.agent)
+                return distributed_main(
+                    args.wav, agent_spec=args.agent, json_lines=args.json, keep_logs=args.keep_logs
+                )
+            if args.scripted:
+                from bargein.demo import main as demo_main
+
+                return demo_main(args.agent)
+            from bargein.demo_audio import main as audio_main
+
+            return audio_main(args.wav, args.agent, json_lines=args.json)
+        if args.command == "call":
+            from bargein.call import main as call_main
+
+            return call_main(
+                args.url,
+                args.wav,
+                args.text,
+                json_lines=args.json,
+                listen_after_s=args.listen_after,
+                barge_in_after=args.barge_in_after,
+                agent_options=args.agent_options,
+                turn_taking=args.turn_taking,
+            )
         if args.command == "reasoning":
             from bargein.names import TIER_REASONING
             from bargein.service import main as service_main

@@ -135,7 +135,10 @@ class _Services:
                 f"{child.name} was not ready after {START_TIMEOUT_S:.0f} s:\n{_tail(child.log())}"
             )
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[str]:
+        """SIGTERM to all, SIGKILL to whoever is still running after ``STOP_TIMEOUT_S``; the names
+        of those that had to be killed."""
+        killed: list[str] = []
         for child in self.children:
             if child.alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -144,9 +147,11 @@ class _Services:
             try:
                 await asyncio.wait_for(child.proc.wait(), STOP_TIMEOUT_S)
             except TimeoutError:
+                killed.append(child.name)
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.kill()
                 await child.proc.wait()
+        return killed
 
 
 def _tail(text: str, lines: int = 25) -> str:
@@ -207,7 +212,10 @@ async def run_distributed_demo(
         print(f"bargein demo: {exc}", file=err, flush=True)
     finally:
         progress.line("system", "stopping the services")
-        await services.stop()
+        stopping = time.monotonic()
+        killed = await services.stop()
+        note = f"; killed {', '.join(killed)} after {STOP_TIMEOUT_S:.0f} s" if killed else ""
+        progress.line("system", f"services stopped in {time.monotonic() - stopping:.1f} s{note}")
         if keep_logs or code != 0:
             progress.line("system", f"service logs: {log_dir}")
         else:

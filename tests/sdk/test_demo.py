@@ -1,4 +1,5 @@
-"""``bargein demo`` (what ``make demo`` runs) tells the whole story and exits cleanly."""
+"""``bargein demo --scripted`` (the demo without audio) tells the whole story and exits cleanly.
+The audio demo (``bargein demo``, what ``make demo`` runs) is tested in tests/broadcast/test_demos.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ def test_demo_runs_a_conversation_with_a_barge_in() -> None:
     env.pop("BARGEIN_LLM_BASE_URL", None)
     env.pop("BARGEIN_AGENT", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "bargein.cli", "demo"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "bargein.cli", "demo", "--scripted"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -1,0 +1,77 @@
+"""``bargein demo`` on the real audio path: the two-utterance fixture WAV (a question, then a
+barge-in over the answer) through speech detection, in one process (:mod:`bargein.demo_audio`)
+and as the three services in separate processes behind the edge (:mod:`bargein.demo_distributed`).
+Both print ``bargein call``'s timeline; the tests read its JSON-lines form."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from typing import Any
+
+import pytest
+
+from bargein.demo_audio import run_audio_demo
+from bargein.demo_distributed import run_distributed_demo
+from tests.broadcast.conftest import broadcast_service_exists, reset_shared_queues, speech_service_exists
+
+
+def _entries(out: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+
+
+def _check_question_then_barge_in(records: list[dict[str, Any]]) -> None:
+    events = [r["event"] for r in records]
+    assert events.count("user_started_speaking") == 2, events
+    assert events.count("user_stopped_speaking") == 2, events
+    clears = [r for r in records if r["event"] == "clear"]
+    assert len(clears) == 1, events
+    clear = clears[0]
+    cut = clear["turn"]
+    # the answer to the question was streaming when the second utterance cut it off
+    assert clear["chunks_before"] >= 1
+    assert clear["measured_from"] == "barge_in_audio" and clear["ms"] > 0
+    after = records[records.index(clear) + 1 :]
+    assert not [r for r in after if r["event"] == "agent_chunk" and r["turn"] <= cut]
+    completed = [r["turn"] for r in records if r["event"] == "turn_complete"]
+    assert completed and completed[-1] > cut  # the second turn was answered in full
+
+
+def _slow_scripted_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BARGEIN_LLM_BASE_URL", raising=False)
+    monkeypatch.delenv("BARGEIN_AGENT", raising=False)
+    monkeypatch.setenv("BARGEIN_SCRIPTED_FIRST_TOKEN_MS", "250")
+    monkeypatch.setenv("BARGEIN_SCRIPTED_TOKENS_PER_S", "10")
+
+
+async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not speech_service_exists():
+        pytest.fail("services/speech does not exist: the in-process audio demo needs its pieces")
+    _slow_scripted_llm(monkeypatch)
+    out, err = io.StringIO(), io.StringIO()
+    assert await run_audio_demo(out=out, err=err, json_lines=True) == 0, err.getvalue()
+    records = _entries(out)
+    _check_question_then_barge_in(records)
+    # the history the model sees next: the interrupted answer only as far as it was delivered
+    history = [r for r in records if r["event"] == "history"]
+    assistant = [r["content"] for r in history if r["role"] == "assistant"]
+    assert len(assistant) == 2
+    delivered = "".join(r["text"] for r in records if r["event"] == "agent_chunk" and r["turn"] == 1)
+    assert assistant[0] == delivered and "twenty-two degrees" not in delivered
+
+
+@pytest.mark.integration
+async def test_distributed_demo(rabbitmq_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not (broadcast_service_exists() and speech_service_exists()):
+        pytest.fail("the distributed demo needs services/broadcast and services/speech")
+    await asyncio.to_thread(reset_shared_queues, rabbitmq_url, redis_url)
+    _slow_scripted_llm(monkeypatch)
+    monkeypatch.setenv("BARGEIN_RABBITMQ_URL", rabbitmq_url)
+    monkeypatch.setenv("BARGEIN_REDIS_URL", redis_url)
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_distributed_demo(out=out, err=err, json_lines=True, listen_after_s=1.5)
+    assert code == 0, err.getvalue()
+    progress = err.getvalue()  # with --json the progress lines go to stderr
+    assert "ready in" in progress and "stopping the services" in progress
+    _check_question_then_barge_in(_entries(out))
