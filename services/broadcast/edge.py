@@ -30,6 +30,7 @@ from bargein.events import (
     AudioFrame,
     EndCall,
     Event,
+    FalseInterruption,
     InterruptPolicy,
     SessionError,
     SpeechDelivered,
@@ -340,6 +341,8 @@ class Edge:
                 session.clear(session.highest_turn, "the caller started speaking")
         elif isinstance(event, UserStoppedSpeaking):
             session.broadcast({"type": "user_stopped_speaking"})
+        elif isinstance(event, FalseInterruption):  # the burst ended without being a turn
+            session.broadcast({"type": "user_stopped_speaking", "false_interruption": True})
         elif isinstance(event, AgentResponse):
             if session.fence.admit(envelope):
                 session.highest_turn = max(session.highest_turn, envelope.turn)

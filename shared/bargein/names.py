@@ -66,6 +66,7 @@ def edge_bindings(session: str) -> list[str]:
         mailbox_binding(session, OUT),
         routing_key(session, IN, "UserStartedSpeaking"),
         routing_key(session, IN, "UserStoppedSpeaking"),
+        routing_key(session, IN, "FalseInterruption"),
         routing_key(session, IN, "EndCall"),
     ]
 

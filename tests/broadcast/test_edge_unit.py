@@ -130,3 +130,20 @@ async def test_what_a_caller_was_sent_is_reported_back(monkeypatch: Any) -> None
         assert reports[-1] == (3, 3)
     finally:
         await edge.stop()
+
+
+async def test_a_false_interruption_ends_the_speaking_state_for_clients() -> None:
+    from bargein.events import FalseInterruption
+
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)
+        connection = await edge.join("s5", sock, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s5", UserStartedSpeaking())
+        await push(edge, "s5", FalseInterruption(duration_ms=180))
+        assert list(connection.outbox.frames) == [
+            {"type": "user_started_speaking"},
+            {"type": "user_stopped_speaking", "false_interruption": True},
+        ]
+    finally:
+        await edge.stop()
