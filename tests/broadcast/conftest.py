@@ -12,21 +12,16 @@ enough to be talked over.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aio_pika
 import httpx
 import pytest
-import redis
 
-from bargein.names import TIER_REASONING, TIER_SPEECH, session_directory_key, session_work_queue
-from tests.integration.cluster import REPO, Cluster, cluster_env
+from tests.integration.cluster import REPO, Cluster, cluster_env, reset_shared_queues
 from tests.integration.conftest import rabbitmq_url, redis_url
 
 __all__ = ["Stack", "rabbitmq_url", "redis_url", "stack"]
@@ -77,25 +72,6 @@ def wait_ready(url: str, cluster: Cluster, timeout: float = READY_TIMEOUT_S) -> 
             last = f"{type(exc).__name__}: {exc}"
         time.sleep(0.1)
     raise RuntimeError(f"the edge at {url} was not ready after {timeout:.0f} s ({last}):\n{cluster.logs()}")
-
-
-def reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
-    """Start from empty session queues and directories: sessions left over by earlier runs would
-    otherwise be adopted by this stack's workers."""
-    tiers = (TIER_REASONING, TIER_SPEECH)
-    redis.Redis.from_url(redis_url).delete(*(session_directory_key(tier) for tier in tiers))
-
-    async def purge() -> None:
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            for tier in tiers:
-                # a channel per queue: a failed passive declare (no such queue yet) closes its channel
-                channel = await connection.channel()
-                with contextlib.suppress(Exception):
-                    queue = await channel.declare_queue(session_work_queue(tier), passive=True)
-                    await queue.purge()
-
-    asyncio.run(purge())
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 
 from bargein.demo_audio import run_audio_demo
 from bargein.demo_distributed import run_distributed_demo
-from tests.broadcast.conftest import broadcast_service_exists, reset_shared_queues, speech_service_exists
+from tests.broadcast.conftest import broadcast_service_exists, speech_service_exists
+from tests.integration.cluster import reset_shared_queues
 
 
 def _entries(out: io.StringIO) -> list[dict[str, Any]]:

@@ -24,8 +24,7 @@ from bargein import snapshot
 from bargein.events import AgentResponse
 from bargein.names import TIER_REASONING
 from bargein.redis_store import RedisStateStore
-from tests.integration.cluster import Cluster, cluster_env
-from tests.integration.test_distributed import _reset_shared_queues
+from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
 
 T = 15.0
 Frame = dict[str, Any]
@@ -35,7 +34,7 @@ Frame = dict[str, Any]
 def stack(
     rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Cluster, str]]:
-    _reset_shared_queues(rabbitmq_url, redis_url)
+    reset_shared_queues(rabbitmq_url, redis_url)
     env = cluster_env(
         rabbitmq_url,
         redis_url,

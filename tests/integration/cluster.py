@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +11,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import aio_pika
+import redis
+
+from bargein.names import DEAD_QUEUE, TIER_REASONING, TIER_SPEECH, session_directory_key, session_work_queue
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +109,24 @@ def cluster_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
     env.pop("BARGEIN_LLM_BASE_URL", None)
     env.update(extra)
     return env
+
+
+def reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
+    """Start from empty session queues and directories, and an empty dead-letter queue: sessions left
+    over by earlier runs would otherwise be adopted by this stack's workers."""
+    tiers = (TIER_REASONING, TIER_SPEECH)
+    client = redis.Redis.from_url(redis_url)
+    client.delete(*(session_directory_key(tier) for tier in tiers))
+    client.close()
+
+    async def purge() -> None:
+        connection = await aio_pika.connect(rabbitmq_url)
+        async with connection:
+            for name in (*(session_work_queue(tier) for tier in tiers), DEAD_QUEUE):
+                # a channel per queue: a failed passive declare (no such queue yet) closes its channel
+                channel = await connection.channel()
+                with contextlib.suppress(Exception):
+                    queue = await channel.declare_queue(name, passive=True)
+                    await queue.purge()
+
+    asyncio.run(purge())

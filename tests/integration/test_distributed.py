@@ -9,14 +9,12 @@ RabbitMQ connection. Failures are real: processes are killed with SIGKILL or sto
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from bargein import (
@@ -43,7 +41,6 @@ from bargein.names import (
     lease_key,
     mailbox_binding,
     routing_key,
-    session_directory_key,
     session_work_queue,
 )
 from bargein.redis_store import RedisStateStore
@@ -51,31 +48,15 @@ from bargein.runtime import SessionInfo
 from bargein.sessions import create_session
 
 from .agents import notes_key
-from .cluster import Cluster, cluster_env
+from .cluster import Cluster, cluster_env, reset_shared_queues
 
 SEED = "services.reasoning.agents.seed"
 T = 15.0  # generous time-out for anything that should take well under a second
 
 
-def _reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
-    """Start from a clean work queue, directory and dead-letter queue (left-overs of earlier runs)."""
-    redis.Redis.from_url(redis_url).delete(session_directory_key(TIER_REASONING))
-
-    async def purge() -> None:
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            for name in (session_work_queue(TIER_REASONING), DEAD_QUEUE):
-                with contextlib.suppress(Exception):
-                    queue = await channel.declare_queue(name, passive=True)
-                    await queue.purge()
-
-    asyncio.run(purge())
-
-
 @pytest.fixture(scope="module")
 def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _reset_shared_queues(rabbitmq_url, redis_url)
+    reset_shared_queues(rabbitmq_url, redis_url)
     c = Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("reasoning")))
     c.start()
     c.start()
@@ -139,6 +120,25 @@ async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIt
         await transport.close()
         await store.close()
         await redis_client.aclose()
+
+
+async def dead_letter_reasons(rabbitmq_url: str, count: int, from_queue: Callable[[str], bool]) -> list[str]:
+    """The reason headers of the next ``count`` dead letters that came from a matching queue."""
+    reasons: list[str] = []
+    connection = await aio_pika.connect(rabbitmq_url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
+        async with asyncio.timeout(T):
+            while len(reasons) < count:
+                message = await queue.get(fail=False)
+                if message is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                await message.ack()
+                if from_queue(str(message.headers.get("x-bargein-queue", ""))):
+                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
+    return reasons
 
 
 async def ask(caller: Caller, text: str) -> None:
@@ -219,7 +219,7 @@ async def test_per_session_order_with_many_sessions(client: Client) -> None:
     for caller in callers:  # back to back, without waiting: 30 sessions x 20 events in flight
         for i in range(20):
             await caller.transport.publish(
-                Envelope.wrap(caller.session_id, UserTranscriptionReceived(content=f"w{i}"), seq=i), IN
+                Envelope.wrap(caller.session_id, UserTranscriptionReceived(content=f"w{i} "), seq=i), IN
             )
         await caller.transport.publish(Envelope.wrap(caller.session_id, UserStoppedSpeaking(), seq=20), IN)
 
@@ -374,20 +374,7 @@ async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
     await ask(caller, "after")
     assert text_of(await caller.collect_turn(timeout=T)) == "before after"
 
-    connection = await aio_pika.connect(rabbitmq_url)
-    reasons: list[str] = []
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
-        async with asyncio.timeout(T):
-            while len(reasons) < len(bad):
-                message = await queue.get(fail=False)
-                if message is None:
-                    await asyncio.sleep(0.05)
-                    continue
-                await message.ack()
-                if message.headers.get("x-bargein-queue", "").endswith(sid):
-                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
+    reasons = await dead_letter_reasons(rabbitmq_url, len(bad), lambda q: q.endswith(sid))
     assert sorted(reasons) == sorted(bad)
 
 
@@ -401,18 +388,5 @@ async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
     await ask(caller, "still working")
     assert text_of(await caller.collect_turn(timeout=T)) == "still working"
 
-    connection = await aio_pika.connect(rabbitmq_url)
-    reasons: list[str] = []
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
-        async with asyncio.timeout(T):
-            while len(reasons) < 2:
-                message = await queue.get(fail=False)
-                if message is None:
-                    await asyncio.sleep(0.05)
-                    continue
-                await message.ack()
-                if message.headers.get("x-bargein-queue") == session_work_queue(TIER_REASONING):
-                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
+    reasons = await dead_letter_reasons(rabbitmq_url, 2, lambda q: q == session_work_queue(TIER_REASONING))
     assert sorted(reasons) == ["bad_envelope", "bad_session"]

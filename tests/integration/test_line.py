@@ -9,14 +9,11 @@ session's options name. The test process plays the caller and the client edge wi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from bargein import snapshot
@@ -34,37 +31,21 @@ from bargein.line.events import (
     UserTranscriptionReceived,
 )
 from bargein.llm import DEFAULT_REPLIES
-from bargein.names import DEAD_QUEUE, TIER_REASONING, lease_key, session_directory_key, session_work_queue
+from bargein.names import TIER_REASONING, lease_key
 from bargein.redis_store import RedisStateStore
 from bargein.runtime import SessionInfo
 from bargein.sessions import create_session
 from services.reasoning.agents import line_background, line_counter, line_storyteller
 
-from .cluster import Cluster, cluster_env
+from .cluster import Cluster, cluster_env, reset_shared_queues
 
 AGENTS = "services.reasoning.agents"
 T = 15.0  # generous time-out for anything that should take well under a second
 
 
-def _reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
-    """Start from a clean work queue, directory and dead-letter queue (left-overs of earlier runs)."""
-    redis.Redis.from_url(redis_url).delete(session_directory_key(TIER_REASONING))
-
-    async def purge() -> None:
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            for name in (session_work_queue(TIER_REASONING), DEAD_QUEUE):
-                with contextlib.suppress(Exception):
-                    queue = await channel.declare_queue(name, passive=True)
-                    await queue.purge()
-
-    asyncio.run(purge())
-
-
 @pytest.fixture(scope="module")
 def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _reset_shared_queues(rabbitmq_url, redis_url)
+    reset_shared_queues(rabbitmq_url, redis_url)
     env = cluster_env(
         rabbitmq_url,
         redis_url,

@@ -11,14 +11,12 @@ wall clock), and watches what a client would receive. The reasoning process runs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aio_pika
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from bargein.amqp import AmqpTransport
@@ -32,8 +30,6 @@ from bargein.names import (
     TIER_SPEECH,
     lease_key,
     routing_key,
-    session_directory_key,
-    session_work_queue,
 )
 from bargein.redis_store import RedisStateStore
 from bargein.runtime import SessionInfo
@@ -41,35 +37,16 @@ from bargein.sessions import create_session, forget_session
 from tests.speech import frames, pcm, speech_marks
 
 from .agents import notes_key
-from .cluster import Cluster, cluster_env
+from .cluster import Cluster, cluster_env, reset_shared_queues
 
 T = 20.0  # generous time-out for anything that should take about a second
 FRAME_PERIOD_S = 0.005  # 20 ms frames sent every 5 ms: four times real time
 PROBE = {"agent": "tests.integration.agents:probe", "tail": 300, "word_delay": 0.02}
 
 
-def _reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
-    """Start from clean work queues and directories for both tiers this module runs (left-overs of
-    earlier runs would otherwise be adopted by these processes)."""
-    client = redis.Redis.from_url(redis_url)
-    client.delete(session_directory_key(TIER_SPEECH), session_directory_key(TIER_REASONING))
-    client.close()
-
-    async def purge() -> None:
-        connection = await aio_pika.connect(rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            for name in (session_work_queue(TIER_SPEECH), session_work_queue(TIER_REASONING)):
-                with contextlib.suppress(Exception):
-                    queue = await channel.declare_queue(name, passive=True)
-                    await queue.purge()
-
-    asyncio.run(purge())
-
-
 @pytest.fixture(scope="module")
 def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _reset_shared_queues(rabbitmq_url, redis_url)
+    reset_shared_queues(rabbitmq_url, redis_url)
     c = Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("speech")))
     try:
         c.start(module="services.speech")

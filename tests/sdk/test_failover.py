@@ -61,7 +61,7 @@ def _history(s: LocalSession) -> list[tuple[str, str]]:
     assert isinstance(node, ReasoningNode)
     return [
         (m["role"], m["content"])
-        for m in node.context.__class__(events=node.conversation_events).format_events()
+        for m in node.context.__class__(events=node.conversation_events).format_messages()
     ]
 
 

@@ -172,7 +172,7 @@ async def test_history_keeps_only_what_was_delivered() -> None:
         assert isinstance(last, AgentResponse) and last.content == heard == "w0 w1 w2 "
         await ask(s, "second question")
         await s.collect_turn()
-        roles = [(m["role"], m["content"]) for m in node.context.format_events()]
+        roles = [(m["role"], m["content"]) for m in node.context.format_messages()]
         assert roles == [
             ("user", "first question"),
             ("assistant", "w0 w1 w2 "),
