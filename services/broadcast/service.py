@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 
 import uvicorn
@@ -69,6 +70,8 @@ async def serve(
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn sets a plain flag
             await asyncio.sleep(0.05)
         if server.started:
+            gc.collect()
+            gc.freeze()  # start-up's objects out of the collector's way: no long pauses mid-call
             host, port = server.servers[0].sockets[0].getsockname()[:2]
             log.info("edge ready on http://%s:%d", host, port)
         await task
