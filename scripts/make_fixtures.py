@@ -72,6 +72,18 @@ FIXTURES: dict[str, list[Piece]] = {
         Piece(noise_ms=200),
         Piece(silence_ms=1000),
     ],
+    # the demo's call: a question, then, while the agent answers, a barge-in long enough to be a turn
+    # of its own whatever the false-interruption timeout (also shipped with the package, for demos)
+    "barge_in.wav": [
+        Piece(silence_ms=800),
+        Piece(text="Can you tell me what the weather will be like this weekend?"),
+        Piece(silence_ms=1500),
+        Piece(text="Wait, stop, I would rather hear a short story about a curious robot instead."),
+        Piece(silence_ms=1500),
+    ],
+}
+PACKAGED = {
+    "barge_in.wav": Path(__file__).resolve().parents[1] / "shared" / "bargein" / "data" / "barge_in.wav"
 }
 
 
@@ -175,6 +187,9 @@ def main() -> int:
         for name, pieces in FIXTURES.items():
             samples, marks = assemble(pieces, Path(tmp), Path(name).stem, rng)
             write_wav(OUT / name, samples)
+            if name in PACKAGED:
+                PACKAGED[name].parent.mkdir(parents=True, exist_ok=True)
+                write_wav(PACKAGED[name], samples)
             files[name] = marks
             seconds = float(str(marks["duration_ms"])) / 1000
             print(f"{name}: {seconds:.2f} s, speech {marks['speech']}, noise {marks['noise']}")

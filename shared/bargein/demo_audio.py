@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
@@ -61,8 +62,7 @@ from bargein.settings import CoreSettings, LLMSettings, SpeechSettings, load
 from bargein.testing import LocalSession
 from bargein.timeline import TimelineLogHandler
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_WAV = REPO / "tests" / "fixtures" / "audio" / "two_utterances.wav"
+DEFAULT_WAV = Path(str(resources.files("bargein") / "data" / "barge_in.wav"))  # made by make fixtures
 LISTEN_AFTER_S = 1.5  # after the WAV: quiet this long with no answer streaming ends the demo
 MAX_AFTER_S = 30.0  # ... and this ends it whatever is going on
 DEMO_WORDS_PER_S = "10"  # scripted replies of 30-40 words last 3-4 s: the barge-in lands inside one

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
@@ -35,7 +36,7 @@ from bargein.settings import BrokerSettings, CoreSettings, LLMSettings, load
 from bargein.timeline import Timeline
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_WAV = REPO / "tests" / "fixtures" / "audio" / "two_utterances.wav"
+DEFAULT_WAV = Path(str(resources.files("bargein") / "data" / "barge_in.wav"))  # made by make fixtures
 WORKER_READY = "ready (up to"  # bargein.worker logs it once it takes session starts
 START_TIMEOUT_S = 60.0  # model loading and broker connections on a busy machine
 STOP_TIMEOUT_S = 15.0

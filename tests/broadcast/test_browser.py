@@ -111,7 +111,7 @@ async def text_page(stack: Stack, tmp_path: Path) -> AsyncIterator[tuple[Any, li
 @pytest.fixture
 async def voice_page(stack: Stack, tmp_path: Path) -> AsyncIterator[tuple[Any, list[str]]]:
     chromium = _chromium()
-    async for opened in _open_page(chromium, tmp_path / "profile", FIXTURES / "two_utterances.wav"):
+    async for opened in _open_page(chromium, tmp_path / "profile", FIXTURES / "barge_in.wav"):
         yield opened
 
 

@@ -473,7 +473,7 @@ async def test_real_text_conversation_with_a_barge_in(stack: Stack) -> None:
 async def test_real_wav_question_then_barge_in(stack: Stack) -> None:
     if not stack.speech:
         pytest.fail("services/speech does not exist: the speech service is needed for audio")
-    wav = FIXTURES / "two_utterances.wav"
+    wav = FIXTURES / "barge_in.wav"
     out, err = io.StringIO(), io.StringIO()
     code = await run_call(stack.url, wav, None, json_lines=True, out=out, err=err, listen_after_s=1.5)
     assert code == EXIT_OK, err.getvalue() + stack.logs()

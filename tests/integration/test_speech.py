@@ -170,7 +170,7 @@ async def test_barge_in_from_audio_cancels_the_generation_in_the_reasoning_proce
     client: Client, cluster: Cluster
 ) -> None:
     caller = await client.open_owned(cluster)
-    first, second = split_between_utterances("two_utterances.wav")
+    first, second = split_between_utterances("barge_in.wav")
     await client.stream(caller, first)  # speech, then 750 ms of silence: UserStoppedSpeaking
     event = await caller.next(timeout=T)  # the agent answers: its chunks reach the caller
     assert isinstance(event, AgentResponse), event
@@ -190,7 +190,7 @@ async def test_bad_frames_reach_the_client_as_errors_and_the_service_carries_on(
     await client.send_audio(caller, b"\x00" * 64_002)  # over BARGEIN_MAX_FRAME_BYTES (64000)
     errors = [await caller.next(timeout=T) for _ in range(2)]
     assert [e.code for e in errors if isinstance(e, SessionError)] == ["bad_audio_frame", "frame_too_large"]
-    first, _ = split_between_utterances("two_utterances.wav")
+    first, _ = split_between_utterances("barge_in.wav")
     await client.stream(caller, first)  # good audio after the bad: the turn still happens
     event = await caller.next(timeout=T)
     assert isinstance(event, AgentResponse), event
