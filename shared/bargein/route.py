@@ -331,7 +331,7 @@ class Route:
             self._pending.append(_Pending(message))
             self._wakeup.set()
         else:
-            run = runtime.new_run(message, self)
+            run = runtime.new_run(message, self.bridge)
             await runtime.guard(run.execute(self._execute(message, run)), "route")
             runtime.forget_turn(run)
 
@@ -352,7 +352,7 @@ class Route:
                 continue
             if self.suspended and item.turn is None:
                 continue
-            run = runtime.new_run(item.message, self, turn=item.turn)
+            run = runtime.new_run(item.message, self.bridge, turn=item.turn)
             self._active = run
             try:
                 await runtime.turn_started(run)

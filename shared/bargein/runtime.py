@@ -49,7 +49,7 @@ from bargein.events import (
 from bargein.message import Message
 from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
-from bargein.route import Bridge, Route
+from bargein.route import Bridge
 from bargein.system import CallRequest, LineCall, is_line_style, launch
 
 log = logging.getLogger("bargein.runtime")
@@ -150,11 +150,11 @@ class TurnRun:
     they start), and after an interrupt it publishes nothing more."""
 
     def __init__(
-        self, runtime: SessionRuntime, trigger: Message, route: Route, turn: int | None = None
+        self, runtime: SessionRuntime, trigger: Message, bridge: Bridge, turn: int | None = None
     ) -> None:
         self.runtime = runtime
         self.trigger = trigger
-        self.route = route
+        self.bridge = bridge  # whose node speaks in this run (its output may be the caller's to hear)
         self.turn = turn  # preset when an adopter resumes a turn its previous owner had started
         self.resumed = turn is not None
         self.cancelled = False
@@ -404,8 +404,8 @@ class SessionRuntime(SessionProcessor):
 
     # --- turns and output ------------------------------------------------------------------------
 
-    def new_run(self, message: Message, route: Route, turn: int | None = None) -> TurnRun:
-        return TurnRun(self, message, route, turn)
+    def new_run(self, message: Message, bridge: Bridge, turn: int | None = None) -> TurnRun:
+        return TurnRun(self, message, bridge, turn)
 
     async def send_initial_message(self, bridge: Bridge, text: str) -> None:
         """The greeting, as a turn of the speaking bridge; only once per session."""
@@ -413,10 +413,8 @@ class SessionRuntime(SessionProcessor):
             return
         self.initial_message_sent = True
         run = self.new_run(
-            Message(AgentResponse(content=text), source="system", session=self.session_id),
-            Route(bridge, bridge.on(AgentResponse).matcher),
+            Message(AgentResponse(content=text), source="system", session=self.session_id), bridge
         )
-        bridge.routes.pop()  # the throwaway route above only gives the run an origin
         await self.publish_output(AgentResponse(content=text), run)
         await self.publish_output(AgentGenerationComplete(), run)
         if isinstance(bridge.node, ReasoningNode):
@@ -435,7 +433,7 @@ class SessionRuntime(SessionProcessor):
         turn = run.ensure_turn()
         seq = self._seq.get(turn, -1) + 1
         self._seq[turn] = seq
-        source = run.route.bridge.node.id or ""
+        source = run.bridge.node.id or ""
         envelope = Envelope.wrap(
             self.session_id,
             event,
@@ -445,7 +443,7 @@ class SessionRuntime(SessionProcessor):
             source=source,
             trace=run.trigger.trace,
         )
-        if self.speaking_bridge is None or run.route.bridge is self.speaking_bridge:
+        if self.speaking_bridge is None or run.bridge is self.speaking_bridge:
             if isinstance(event, AgentResponse):
                 self.ledger.published(turn, seq, event.content)
             await self.transport.publish(envelope, OUT)
