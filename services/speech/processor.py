@@ -369,7 +369,7 @@ def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None
     """What ``python -m services.speech`` runs: load the speech settings (a bad value fails here,
     at start-up, naming the variable), load the model once, build the process's batcher."""
     settings = load(SpeechSettings)
-    broker = load(BrokerSettings)
+    load(BrokerSettings)  # validated here too, so a bad broker setting fails at start-up
     model = shared_model()  # fail at start-up, not with the first caller, if the model is missing
     batcher = VadBatcher(model, tick_ms=settings.vad_tick_ms, max_batch=settings.vad_max_batch)
     log.info(
@@ -379,6 +379,8 @@ def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None
         settings.max_frame_bytes,
     )
     factory: Callable[[Ownership], SpeechSession] = SpeechSessions(
-        settings, batcher=batcher, transcriber=transcriber, idle_end_s=float(broker.mailbox_expiry_s)
+        settings,
+        batcher=batcher,
+        transcriber=transcriber,  # idle sessions: the host ends them
     )
     return factory

@@ -12,13 +12,16 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bargein.abc import SessionProcessor, StateStore, Subscription, Transport
+from bargein.envelope import Envelope
 from bargein.errors import BargeinError
+from bargein.events import Event
 from bargein.names import IN, TIER_REASONING, Tier
 from bargein.runtime import Agent, SessionInfo, SessionRuntime
 from bargein.sessions import forget_session
@@ -75,6 +78,14 @@ class _Owned:
     runtime: SessionProcessor
     subscription: Subscription
     renewer: asyncio.Task[None]
+    last_activity: float = field(default_factory=time.monotonic)
+
+
+class _NoSubscription(Subscription):
+    """Stands in until the mailbox is open."""
+
+    async def cancel(self) -> None:
+        return None
 
 
 class SessionHost:
@@ -88,6 +99,7 @@ class SessionHost:
         tier: Tier = TIER_REASONING,
         lease_ttl_ms: int = 10_000,
         state_ttl_ms: int = 24 * 3600 * 1000,
+        idle_end_s: float | None = None,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -96,6 +108,7 @@ class SessionHost:
         self.tier = tier
         self.lease_ttl_ms = lease_ttl_ms
         self.state_ttl_ms = state_ttl_ms
+        self.idle_end_s = idle_end_s  # a session with no message for this long is over (caller gone)
         self._background: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, _Owned] = {}
 
@@ -115,15 +128,22 @@ class SessionHost:
                 info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
             )
         )
+        renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
+        owned = _Owned(runtime, _NoSubscription(), renewer)
+
+        async def handle(envelope: Envelope, event: Event) -> None:
+            owned.last_activity = time.monotonic()
+            await runtime.handle(envelope, event)
+
         try:
             await runtime.start()
-            subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
+            owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, handle)
         except BaseException:
+            renewer.cancel()
             await runtime.close(checkpoint=False)
             await self.store.release_lease(self.tier, sid, self.owner, epoch)
             raise
-        renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
-        self.sessions[sid] = _Owned(runtime, subscription, renewer)
+        self.sessions[sid] = owned
         return runtime
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -171,6 +191,10 @@ class SessionHost:
         for sid in list(self.sessions):
             await self.close(sid)
 
+    def _gone_quiet(self, owned: _Owned) -> bool:
+        idle = time.monotonic() - owned.last_activity
+        return self.idle_end_s is not None and idle > self.idle_end_s and not owned.runtime.active_turns
+
     async def _renew(self, session_id: str, epoch: int) -> None:
         interval = self.lease_ttl_ms / 3000
         while True:
@@ -180,10 +204,18 @@ class SessionHost:
             except Exception:
                 log.exception("session %s: lease renewal failed; will retry", session_id)
                 continue
+            owned = self.sessions.get(session_id)
             if not ok:
                 log.warning("session %s: lease lost (epoch %d); stopping work on it", session_id, epoch)
-                owned = self.sessions.get(session_id)
                 if owned is not None:
                     owned.runtime.fenced = True
                     self._spawn(self.close(session_id, release=False, checkpoint=False))
+                return
+            if owned is not None and self._gone_quiet(owned):
+                log.info(
+                    "session %s: no message for %.0f s; the caller is gone, ending it",
+                    session_id,
+                    time.monotonic() - owned.last_activity,
+                )
+                self._spawn(self.finish(session_id))
                 return

@@ -54,6 +54,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         tier=tier,
         lease_ttl_ms=broker.lease_ttl_ms,
         state_ttl_ms=broker.state_ttl_s * 1000,
+        idle_end_s=broker.session_idle_s,
     )
     worker = Worker(
         host,

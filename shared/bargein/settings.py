@@ -66,6 +66,11 @@ class BrokerSettings(_Base):
     audio_mailbox_frames: int = Field(
         default=500, ge=10, description="Audio frames a speech mailbox holds before dropping the oldest."
     )
+    session_idle_s: float = Field(
+        default=1800,
+        gt=0,
+        description="A session with no message for this long is ended (its caller is gone).",
+    )
     drain_timeout_s: float = Field(
         default=10.0, ge=0, description="SIGTERM: how long running turns may finish here before hand-over."
     )

@@ -6,6 +6,7 @@ in tests/integration, with real processes).
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -123,3 +124,24 @@ async def test_drain_lets_turns_finish_or_hands_them_over(
         rest = await caller.collect_turn()
         assert heard + reply_text(rest) == REPLY
         assert _counters(second, caller)["turns_resumed"] == 1
+
+
+async def test_a_session_nobody_talks_to_any_more_is_ended() -> None:
+    """A caller who vanished without hanging up must not hold a worker's room for ever."""
+    broker, store = MemoryBroker(), MemoryStateStore()
+    host = SessionHost.for_agent(MemoryTransport(broker), store, agent, lease_ttl_ms=600, idle_end_s=0.5)
+    client = MemoryTransport(broker)
+    quiet = Caller(client, new_session_id(), settle=broker.settle)
+    busy = Caller(client, new_session_id(), settle=broker.settle)
+    for caller in (quiet, busy):
+        await caller.attach()
+        await create_session(client, store, SessionInfo(caller.session_id))
+        await host.open(SessionInfo(caller.session_id))
+    for _ in range(8):  # one caller keeps talking, the other says nothing
+        await busy.emit(UserStoppedSpeaking())
+        await asyncio.sleep(0.15)
+    await wait_for(lambda: quiet.session_id not in host.sessions)
+    assert busy.session_id in host.sessions
+    assert await store.session_info(TIER_REASONING, quiet.session_id) is None  # forgotten everywhere
+    assert await store.load_state(TIER_REASONING, quiet.session_id) is None
+    await host.close_all()
