@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -20,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bargein.envelope import SESSION_ID_PATTERN
+from bargein.tracing import tracer
 from services.broadcast.edge import Connection, Edge, error_frame
 from services.broadcast.messages import ClientMessageError, parse
 from services.broadcast.tokens import ROLES, Role, TokenError, Tokens
@@ -123,7 +125,12 @@ def create_app(edge: Edge, tokens: Tokens, *, public_url: str | None = None, rea
         except ClientMessageError as exc:
             edge.count(f"bad_{exc.code}")
             return error_frame(exc.code, exc.message)
-        await edge.client_message(connection, message)
+        with tracer.start_as_current_span(
+            f"client {message.type}",
+            kind=SpanKind.SERVER,
+            attributes={"bargein.session": connection.session.session_id},
+        ):
+            await edge.client_message(connection, message)
         return None
 
     async def healthz(request: Request) -> Response:

@@ -9,6 +9,7 @@ import logging
 
 import uvicorn
 
+from bargein import tracing
 from bargein.amqp import AmqpTransport
 from bargein.host import default_owner_id
 from bargein.logs import configure_logging
@@ -89,6 +90,7 @@ def main() -> int:
     edge_settings = load(BroadcastSettings)
     speech = load(SpeechSettings)
     configure_logging(core.log_level)
+    tracing.configure(core, service_name="bargein-broadcast")
     with contextlib.suppress(ImportError):
         import uvloop
 

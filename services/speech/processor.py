@@ -39,6 +39,7 @@ from bargein.host import Ownership, ProcessorFactory
 from bargein.names import IN, OUT, Direction
 from bargein.runtime import SessionInfo
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, load
+from bargein.tracing import tracer
 from bargein.turns import OPTION_KEY, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.vad import SAMPLE_RATE, WINDOW_BYTES, shared_model
 from services.speech.batcher import VadBatcher
@@ -301,11 +302,15 @@ class SpeechSession(SessionProcessor):
                 # session, the reasoning owner's, and a speech epoch (counted separately, per tier)
                 # that happened to be higher would make it drop the agent's answers as stale.
                 epoch = self.epoch if direction == IN else 0
-                envelope = Envelope.wrap(
-                    self.session_id, event, seq=next(self._seq), epoch=epoch, source=SOURCE
-                )
                 try:
-                    await self.transport.publish(envelope, direction)
+                    # each detected event starts a trace: the turn it starts or cuts off follows it
+                    with tracer.start_as_current_span(
+                        f"speech {event.type_name()}", attributes={"bargein.session": self.session_id}
+                    ):
+                        envelope = Envelope.wrap(
+                            self.session_id, event, seq=next(self._seq), epoch=epoch, source=SOURCE
+                        )
+                        await self.transport.publish(envelope, direction)
                 except Exception as exc:  # the broker refused it (an interrupt no mailbox takes, say)
                     self.counters["publish_errors"] += 1
                     log.warning(

@@ -26,6 +26,7 @@ from bargein.errors import (
     UndecodableMessage,
 )
 from bargein.events import Event, event_type
+from bargein.tracing import current_carrier
 
 WIRE_VERSION = 1
 DEFAULT_MAX_BYTES = 256 * 1024
@@ -63,7 +64,9 @@ class Envelope(BaseModel):
 
     @classmethod
     def wrap(cls, session: str, event: Event, **fields: Any) -> Envelope:
+        """An envelope for ``event``; unless told otherwise it carries the current trace context."""
         validate_session_id(session)
+        fields.setdefault("trace", current_carrier())
         return cls(type=event.type_name(), session=session, payload=event.to_payload(), **fields)
 
     @property

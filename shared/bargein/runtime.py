@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgpack
+from opentelemetry.trace import Span, SpanKind
 
 from bargein import snapshot
 from bargein.abc import SessionProcessor, StateStore, Transport
@@ -51,6 +52,7 @@ from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
 from bargein.route import Bridge
 from bargein.system import CallRequest, LineCall, is_line_style, launch
+from bargein.tracing import context_of, tracer
 
 log = logging.getLogger("bargein.runtime")
 
@@ -160,6 +162,7 @@ class TurnRun:
         self.cancelled = False
         self.interrupted_by: Message | None = None
         self.clause: int | None = None  # which interrupt_on clause cut the turn off
+        self.span: Span | None = None
         self.task: asyncio.Task[None] | None = None
         self.started_at = time.monotonic()
 
@@ -191,7 +194,15 @@ class TurnRun:
 
         async def body() -> None:
             _CURRENT_RUN.set(self)
-            await coro
+            with tracer.start_as_current_span(
+                f"turn {self.turn}",
+                context=context_of(self.trigger.trace),
+                attributes={"bargein.session": self.runtime.session_id, "bargein.turn": self.turn or 0},
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                self.span = span
+                await coro
 
         self.task = asyncio.create_task(body(), name=f"turn:{self.runtime.session_id}:{self.turn}")
         try:
@@ -215,6 +226,9 @@ class TurnRun:
         self.cancelled = True  # from here on nothing of this turn is published
         self.interrupted_by = message
         self.clause = clause
+        if self.span is not None:
+            self.span.set_attribute("bargein.interrupted_by", type(message.event).__name__)
+            self.span.add_event("interrupted", {"bargein.delivered_chars": len(self.delivered_text())})
         self.task.cancel()
         # Let the turn's task take its CancelledError before we spend time on the notice and the
         # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
@@ -366,7 +380,13 @@ class SessionRuntime(SessionProcessor):
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
-        await self._dispatch_guarded(message)
+        with tracer.start_as_current_span(
+            f"dispatch {envelope.type}",
+            context=context_of(envelope.trace),
+            kind=SpanKind.CONSUMER,
+            attributes={"bargein.session": self.session_id, "bargein.epoch": self.epoch},
+        ):
+            await self._dispatch_guarded(message)
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
@@ -441,7 +461,6 @@ class SessionRuntime(SessionProcessor):
             seq=seq,
             epoch=self.epoch,
             source=source,
-            trace=run.trigger.trace,
         )
         if self.speaking_bridge is None or run.bridge is self.speaking_bridge:
             if isinstance(event, AgentResponse):

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from bargein import tracing
 from bargein.amqp import AmqpTransport
 from bargein.errors import SettingsError
 from bargein.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
@@ -99,6 +100,7 @@ def _main(tier: Tier, build: FactoryBuilder) -> int:
     broker = load(BrokerSettings)
     load(LLMSettings)  # fail now on a bad LLM setting, not in the first turn
     configure_logging(core.log_level)
+    tracing.configure(core, service_name=f"bargein-{tier}")
     try:
         import uvloop
 

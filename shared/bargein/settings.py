@@ -8,7 +8,7 @@ can act on instead of a traceback.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +34,12 @@ class CoreSettings(_Base):
         default=256 * 1024, ge=1024, le=16 * 1024 * 1024, description="Largest envelope accepted."
     )
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$")
+    trace_exporter: Literal["none", "console", "otlp"] = Field(
+        default="none", description="Where OpenTelemetry spans go: nowhere, stdout, or an OTLP collector."
+    )
+    otlp_endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP traces endpoint (default: the exporter's, localhost:4318)."
+    )
 
 
 class LLMSettings(_Base):

@@ -1,0 +1,58 @@
+"""Traces that follow a turn across processes.
+
+Every envelope's ``trace`` field carries W3C trace context (``traceparent``), injected from whatever
+span is current when the envelope is made (:meth:`Envelope.wrap`). A consumer continues the trace
+from it: the session runtime opens a ``dispatch`` span per event and a ``turn`` span per route run,
+under the span of the event that started it, so a caller's text turn, the speech detector's
+barge-in, the reasoning turn it cancels and the chunks that reach the edge line up in one trace.
+
+Nothing is exported unless ``BARGEIN_TRACE_EXPORTER`` says where (``console`` or ``otlp``); without a
+configured provider OpenTelemetry's API is a no-op, and injection writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+
+from bargein.settings import CoreSettings
+
+tracer = trace.get_tracer("bargein")
+
+
+def current_carrier() -> dict[str, str]:
+    """The current trace context as envelope headers (empty when there is no span)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def context_of(carrier: Mapping[str, str]) -> Context:
+    """The trace context an envelope carries, to continue it."""
+    return propagate.extract(dict(carrier))
+
+
+def configure(settings: CoreSettings, service_name: str) -> None:
+    """Install a tracer provider that exports where the settings say (once, at process start)."""
+    if settings.trace_exporter == "none":
+        return
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    exporter: SpanExporter
+    if settings.trace_exporter == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = (
+            OTLPSpanExporter(endpoint=settings.otlp_endpoint)
+            if settings.otlp_endpoint
+            else OTLPSpanExporter()
+        )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
