@@ -20,8 +20,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from bargein import tracing
 from bargein.envelope import SESSION_ID_PATTERN
-from bargein.tracing import tracer
 from services.broadcast.edge import Connection, Edge, error_frame
 from services.broadcast.messages import ClientMessageError, parse
 from services.broadcast.tokens import ROLES, Role, TokenError, Tokens
@@ -125,10 +125,8 @@ def create_app(edge: Edge, tokens: Tokens, *, public_url: str | None = None, rea
         except ClientMessageError as exc:
             edge.count(f"bad_{exc.code}")
             return error_frame(exc.code, exc.message)
-        with tracer.start_as_current_span(
-            f"client {message.type}",
-            kind=SpanKind.SERVER,
-            attributes={"bargein.session": connection.session.session_id},
+        with tracing.span(
+            f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
         ):
             await edge.client_message(connection, message)
         return None

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from bargein import tracing
 from bargein.abc import SessionProcessor, Transport
 from bargein.envelope import Envelope
 from bargein.events import AudioFrame, EndCall, Event, SessionError, UserTranscriptionReceived
@@ -39,7 +40,6 @@ from bargein.host import Ownership, ProcessorFactory
 from bargein.names import IN, OUT, Direction
 from bargein.runtime import SessionInfo
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, load
-from bargein.tracing import tracer
 from bargein.turns import OPTION_KEY, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.vad import SAMPLE_RATE, WINDOW_BYTES, shared_model
 from services.speech.batcher import VadBatcher
@@ -304,9 +304,7 @@ class SpeechSession(SessionProcessor):
                 epoch = self.epoch if direction == IN else 0
                 try:
                     # each detected event starts a trace: the turn it starts or cuts off follows it
-                    with tracer.start_as_current_span(
-                        f"speech {event.type_name()}", attributes={"bargein.session": self.session_id}
-                    ):
+                    with tracing.span(f"speech {event.type_name()}", session=self.session_id):
                         envelope = Envelope.wrap(
                             self.session_id, event, seq=next(self._seq), epoch=epoch, source=SOURCE
                         )

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import msgpack
 from opentelemetry.trace import Span, SpanKind
 
-from bargein import snapshot
+from bargein import snapshot, tracing
 from bargein.abc import SessionProcessor, StateStore, Transport
 from bargein.envelope import Envelope, validate_session_id
 from bargein.errors import BargeinError, EnvelopeError, InvalidEnvelope, StaleEpochError
@@ -52,7 +52,6 @@ from bargein.names import OUT, TIER_REASONING, Tier
 from bargein.nodes import Node, ReasoningNode
 from bargein.route import Bridge
 from bargein.system import CallRequest, LineCall, is_line_style, launch
-from bargein.tracing import context_of, tracer
 
 log = logging.getLogger("bargein.runtime")
 
@@ -194,12 +193,8 @@ class TurnRun:
 
         async def body() -> None:
             _CURRENT_RUN.set(self)
-            with tracer.start_as_current_span(
-                f"turn {self.turn}",
-                context=context_of(self.trigger.trace),
-                attributes={"bargein.session": self.runtime.session_id, "bargein.turn": self.turn or 0},
-                record_exception=False,
-                set_status_on_exception=False,
+            with tracing.span(
+                f"turn {self.turn}", self.trigger.trace, session=self.runtime.session_id, turn=self.turn or 0
             ) as span:
                 self.span = span
                 await coro
@@ -380,11 +375,8 @@ class SessionRuntime(SessionProcessor):
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
-        with tracer.start_as_current_span(
-            f"dispatch {envelope.type}",
-            context=context_of(envelope.trace),
-            kind=SpanKind.CONSUMER,
-            attributes={"bargein.session": self.session_id, "bargein.epoch": self.epoch},
+        with tracing.span(
+            f"dispatch {envelope.type}", envelope.trace, kind=SpanKind.CONSUMER, session=self.session_id
         ):
             await self._dispatch_guarded(message)
         if isinstance(event, EndCall) and self.on_end is not None:

@@ -12,21 +12,57 @@ configured provider OpenTelemetry's API is a no-op, and injection writes nothing
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind
 
 from bargein.settings import CoreSettings
 
 tracer = trace.get_tracer("bargein")
 
 
+def active() -> bool:
+    """Whether a tracer provider is installed. Without one every span is a no-op, and the hot paths
+    (every chunk published, every interrupt dispatched) skip tracing work altogether."""
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+
+
 def current_carrier() -> dict[str, str]:
     """The current trace context as envelope headers (empty when there is no span)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    carrier: Mapping[str, str] | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    **attributes: Any,
+) -> Iterator[Span | None]:
+    """A span continuing ``carrier``'s trace (or the current one), or nothing when tracing is off.
+    Exceptions (a cancelled turn, above all) are not recorded as errors: interrupts are normal."""
+    if not active():
+        yield None
+        return
+    parent = context_of(carrier) if carrier is not None else None
+    with tracer.start_as_current_span(
+        name,
+        context=parent,
+        kind=kind,
+        attributes={f"bargein.{k}": v for k, v in attributes.items()},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as current:
+        yield current
 
 
 def context_of(carrier: Mapping[str, str]) -> Context:
