@@ -43,14 +43,13 @@ def stack(
         BARGEIN_REPORT_INTERVAL_MS="20",
         BARGEIN_EDGE_SECRET="protocol-test-secret",
     )
-    cluster = Cluster(env, Path(tmp_path_factory.mktemp("edge")))
-    cluster.start()
-    cluster.start()
-    edge = cluster.start("services.broadcast", ready="edge ready on")
-    match = re.search(r"edge ready on (http://\S+)", edge.log())
-    assert match
-    yield cluster, match.group(1)
-    cluster.stop_all()
+    with Cluster(env, Path(tmp_path_factory.mktemp("edge"))) as cluster:
+        cluster.start()
+        cluster.start()
+        edge = cluster.start("services.broadcast", ready="edge ready on")
+        match = re.search(r"edge ready on (http://\S+)", edge.log())
+        assert match
+        yield cluster, match.group(1)
 
 
 @pytest.fixture

@@ -74,6 +74,13 @@ class Cluster:
             time.sleep(0.05)
         return service
 
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Whatever happened (a process that would not start, a failed test), nothing is left running."""
+        self.stop_all()
+
     def by_pid(self, pid: int) -> ServiceProcess:
         return next(p for p in self.processes if p.pid == pid)
 

@@ -15,12 +15,10 @@ from typing import Any
 
 import aio_pika
 import pytest
-import redis.asyncio as aioredis
 
 from bargein import (
     AgentGenerationComplete,
     AgentHandoff,
-    AgentResponse,
     CustomReceived,
     EmergencyStop,
     Event,
@@ -29,7 +27,6 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.amqp import AmqpTransport
 from bargein.caller import Caller
 from bargein.envelope import Envelope, decode, encode, new_session_id
 from bargein.names import (
@@ -38,88 +35,35 @@ from bargein.names import (
     EVENTS_EXCHANGE,
     IN,
     TIER_REASONING,
-    lease_key,
     mailbox_binding,
     routing_key,
     session_work_queue,
 )
-from bargein.redis_store import RedisStateStore
 from bargein.runtime import SessionInfo
-from bargein.sessions import create_session
 
-from .agents import notes_key
 from .cluster import Cluster, cluster_env, reset_shared_queues
+from .support import Client, T, ask, chunks, connected_client, text_of
 
 SEED = "services.reasoning.agents.seed"
-T = 15.0  # generous time-out for anything that should take well under a second
 
 
 @pytest.fixture(scope="module")
 def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reset_shared_queues(rabbitmq_url, redis_url)
-    c = Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("reasoning")))
-    c.start()
-    c.start()
-    yield c
-    c.stop_all()
-
-
-class Client:
-    """The test's side: creates sessions and plays caller + edge for each."""
-
-    def __init__(
-        self, transport: AmqpTransport, store: RedisStateStore, redis_client: aioredis.Redis
-    ) -> None:
-        self.transport = transport
-        self.store = store
-        self.redis = redis_client
-        self.callers: list[Caller] = []
-
-    async def open(self, agent: str = "tests.integration.agents:probe", **options: Any) -> Caller:
-        sid = new_session_id()
-        caller = Caller(self.transport, sid)
-        await caller.attach()
-        info = SessionInfo(sid, {"agent": agent, **options}, edge_reports_delivery=True)
-        await create_session(self.transport, self.store, info)
-        self.callers.append(caller)
-        return caller
-
-    async def owner_pid(self, caller: Caller, timeout: float = T) -> int:
-        async with asyncio.timeout(timeout):
-            while True:
-                value = await self.redis.get(lease_key(TIER_REASONING, caller.session_id))
-                if value:
-                    owner = value.decode().rsplit(":", 1)[0]
-                    return int(owner.split("-")[-2])
-                await asyncio.sleep(0.05)
-
-    async def notes(self, caller: Caller) -> list[str]:
-        raw = await self.redis.lrange(notes_key(caller.session_id), 0, -1)
-        return [n.decode().split("|pid=")[0] for n in raw]
-
-    async def wait_note(self, caller: Caller, prefix: str, timeout: float = T) -> str:
-        async with asyncio.timeout(timeout):
-            while True:
-                for n in await self.notes(caller):
-                    if n.startswith(prefix):
-                        return n
-                await asyncio.sleep(0.02)
+    with Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("reasoning"))) as c:
+        c.start()
+        c.start()
+        yield c
 
 
 @pytest.fixture
 async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIterator[Client]:
-    transport = await AmqpTransport.connect(rabbitmq_url, name="test-client")
-    store = RedisStateStore.from_url(redis_url)
-    redis_client = aioredis.Redis.from_url(redis_url)
-    c = Client(transport, store, redis_client)
-    try:
+    async with connected_client(rabbitmq_url, redis_url, "test-client") as c:
         yield c
-    finally:
-        for caller in c.callers:
-            await caller.detach()
-        await transport.close()
-        await store.close()
-        await redis_client.aclose()
+
+
+async def start(client: Client, agent: str = "tests.integration.agents:probe", **options: Any) -> Caller:
+    return await client.open({"agent": agent, **options})
 
 
 async def dead_letter_reasons(rabbitmq_url: str, count: int, from_queue: Callable[[str], bool]) -> list[str]:
@@ -141,24 +85,6 @@ async def dead_letter_reasons(rabbitmq_url: str, count: int, from_queue: Callabl
     return reasons
 
 
-async def ask(caller: Caller, text: str) -> None:
-    await caller.emit(UserTranscriptionReceived(content=text))
-    await caller.emit(UserStoppedSpeaking())
-
-
-async def chunks(caller: Caller, n: int) -> str:
-    out = ""
-    for _ in range(n):
-        event = await caller.next(timeout=T)
-        assert isinstance(event, AgentResponse), event
-        out += event.content
-    return out
-
-
-def text_of(events: list[Event]) -> str:
-    return "".join(e.content for e in events if isinstance(e, AgentResponse))
-
-
 # --- every seed form, over RabbitMQ ---------------------------------------------------------------
 
 
@@ -176,7 +102,7 @@ def text_of(events: list[Event]) -> str:
     ids=["basic", "async-handler", "node-handler", "list-user", "list-emergency", "list-handoff", "stateful"],
 )
 async def test_seed_form_interrupts_over_rabbitmq(client: Client, agent: str, interrupt: Event) -> None:
-    caller = await client.open(agent, tokens_per_s=50)
+    caller = await start(client, agent, tokens_per_s=50)
     await ask(caller, "tell me something")
     heard = await chunks(caller, 2)
     await caller.emit(interrupt)
@@ -190,7 +116,7 @@ async def test_seed_form_interrupts_over_rabbitmq(client: Client, agent: str, in
 
 async def test_seed_condition_declines_then_allows_over_rabbitmq(client: Client) -> None:
     # seed.MIN_SPEAK_TIME is 1 s: a barge-in after 2 chunks is declined...
-    caller = await client.open(f"{SEED}:condition", tokens_per_s=20)
+    caller = await start(client, f"{SEED}:condition", tokens_per_s=20)
     await ask(caller, "one")
     await chunks(caller, 2)
     await caller.emit(UserStartedSpeaking())
@@ -205,7 +131,7 @@ async def test_seed_condition_declines_then_allows_over_rabbitmq(client: Client)
 
 
 async def test_sessions_are_spread_over_both_processes(client: Client, cluster: Cluster) -> None:
-    callers = [await client.open(word_delay=0.01) for _ in range(8)]
+    callers = [await start(client, word_delay=0.01) for _ in range(8)]
     pids = {await client.owner_pid(c) for c in callers}
     alive = {p.pid for p in cluster.processes if p.alive()}
     assert pids <= alive and len(pids) == 2, (pids, alive)
@@ -215,7 +141,7 @@ async def test_sessions_are_spread_over_both_processes(client: Client, cluster: 
 
 
 async def test_per_session_order_with_many_sessions(client: Client) -> None:
-    callers = [await client.open(word_delay=0.001) for _ in range(30)]
+    callers = [await start(client, word_delay=0.001) for _ in range(30)]
     for caller in callers:  # back to back, without waiting: 30 sessions x 20 events in flight
         for i in range(20):
             await caller.transport.publish(
@@ -231,7 +157,7 @@ async def test_per_session_order_with_many_sessions(client: Client) -> None:
 
 
 async def test_one_generation_per_session_turns_run_one_after_another(client: Client) -> None:
-    caller = await client.open(word_delay=0.01)
+    caller = await start(client, word_delay=0.01)
     await caller.emit(UserTranscriptionReceived(content="a b c d e"))
     for _ in range(3):
         await caller.emit(UserStoppedSpeaking())
@@ -247,7 +173,7 @@ async def test_one_generation_per_session_turns_run_one_after_another(client: Cl
 
 
 async def test_interrupt_cancels_the_generation_in_the_owning_process(client: Client) -> None:
-    caller = await client.open(tail=200, word_delay=0.02)
+    caller = await start(client, tail=200, word_delay=0.02)
     await ask(caller, "go")
     await chunks(caller, 3)
     await caller.emit(UserStartedSpeaking())
@@ -257,7 +183,7 @@ async def test_interrupt_cancels_the_generation_in_the_owning_process(client: Cl
 
 
 async def test_interrupt_overtakes_a_backlog(client: Client) -> None:
-    caller = await client.open(tail=500, word_delay=0.02, custom_delay=0.01)
+    caller = await start(client, tail=500, word_delay=0.02, custom_delay=0.01)
     await ask(caller, "go")
     await chunks(caller, 2)
     backlog = 400  # each takes the owner 10 ms: about 4 s of queued work
@@ -273,7 +199,7 @@ async def test_interrupt_overtakes_a_backlog(client: Client) -> None:
 
 async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, rabbitmq_url: str) -> None:
     """Watch the raw output stream: after TurnInterrupted(1), no chunk of turn 1 is ever published."""
-    caller = await client.open(tail=300, word_delay=0.005)
+    caller = await start(client, tail=300, word_delay=0.005)
     connection = await aio_pika.connect(rabbitmq_url)
     raw: list[tuple[str, int]] = []
     async with connection:
@@ -303,7 +229,7 @@ async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, ra
 async def test_stateful_node_state_reaches_the_next_turn_in_another_process(
     client: Client, cluster: Cluster
 ) -> None:
-    caller = await client.open(f"{SEED}:stateful", tokens_per_s=50)
+    caller = await start(client, f"{SEED}:stateful", tokens_per_s=50)
     await ask(caller, "tell me a story")
     await chunks(caller, 3)
     await caller.emit(UserStartedSpeaking())
@@ -325,7 +251,7 @@ async def test_stateful_node_state_reaches_the_next_turn_in_another_process(
 
 
 async def test_crash_mid_turn_the_answer_arrives_whole(client: Client, cluster: Cluster) -> None:
-    caller = await client.open(tail=60, word_delay=0.03)
+    caller = await start(client, tail=60, word_delay=0.03)
     await ask(caller, "start")
     heard = await chunks(caller, 10)
     cluster.by_pid(await client.owner_pid(caller)).kill()
@@ -337,7 +263,7 @@ async def test_crash_mid_turn_the_answer_arrives_whole(client: Client, cluster: 
 
 
 async def test_sigterm_drains_and_another_process_resumes_the_turn(client: Client, cluster: Cluster) -> None:
-    caller = await client.open(tail=60, word_delay=0.03)
+    caller = await start(client, tail=60, word_delay=0.03)
     await ask(caller, "start")
     heard = await chunks(caller, 10)
     owner = cluster.by_pid(await client.owner_pid(caller))
@@ -355,7 +281,7 @@ async def test_sigterm_drains_and_another_process_resumes_the_turn(client: Clien
 async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
     client: Client, rabbitmq_url: str
 ) -> None:
-    caller = await client.open(word_delay=0.005)
+    caller = await start(client, word_delay=0.005)
     sid = caller.session_id
     key = routing_key(sid, IN, "UserTranscriptionReceived")
     good = Envelope.wrap(sid, UserTranscriptionReceived(content="fine"))
@@ -384,7 +310,7 @@ async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
     bad_id = SessionInfo("ok").encode().replace(b"ok", b"o.")  # a start whose session id is not valid
     for body in (b"\x00garbage", bad_id):
         await client.transport.publish_session_start(TIER_REASONING, body)
-    caller = await client.open(word_delay=0.005)  # a good start right behind the bad ones
+    caller = await start(client, word_delay=0.005)  # a good start right behind the bad ones
     await ask(caller, "still working")
     assert text_of(await caller.collect_turn(timeout=T)) == "still working"
 

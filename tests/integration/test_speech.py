@@ -14,30 +14,18 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
-import aio_pika
 import pytest
-import redis.asyncio as aioredis
 
-from bargein.amqp import AmqpTransport
 from bargein.caller import Caller
-from bargein.envelope import Envelope, encode, new_session_id
+from bargein.envelope import Envelope
 from bargein.events import AgentResponse, AudioFrame, SessionError
-from bargein.names import (
-    AUDIO_EXCHANGE,
-    IN,
-    TIER_REASONING,
-    TIER_SPEECH,
-    lease_key,
-    routing_key,
-)
-from bargein.redis_store import RedisStateStore
-from bargein.runtime import SessionInfo
-from bargein.sessions import create_session, forget_session
+from bargein.names import IN, TIER_REASONING, TIER_SPEECH
 from tests.speech import frames, pcm, speech_marks
 
-from .agents import notes_key
 from .cluster import Cluster, cluster_env, reset_shared_queues
+from .support import Client, connected_client, owner_pid
 
 T = 20.0  # generous time-out for anything that should take about a second
 FRAME_PERIOD_S = 0.005  # 20 ms frames sent every 5 ms: four times real time
@@ -56,53 +44,25 @@ def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPath
         c.stop_all()
 
 
-class Client:
-    def __init__(
-        self,
-        transport: AmqpTransport,
-        store: RedisStateStore,
-        redis_client: aioredis.Redis,
-        audio: aio_pika.abc.AbstractExchange,
-    ) -> None:
-        self.transport = transport
-        self.store = store
-        self.redis = redis_client
-        self.audio = audio
-        self.callers: list[Caller] = []
+TIERS = (TIER_SPEECH, TIER_REASONING)
+
+
+class SpeechClient(Client):
+    """The test's side, for sessions that exist in both tiers and are fed audio."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._seq = itertools.count()
 
-    async def open(self) -> Caller:
-        """What the edge does when a caller arrives: the session exists for speech and reasoning."""
-        sid = new_session_id()
-        caller = Caller(self.transport, sid)
-        await caller.attach()
-        info = SessionInfo(sid, dict(PROBE), edge_reports_delivery=True)
-        await create_session(self.transport, self.store, info, tier=TIER_SPEECH)
-        await create_session(self.transport, self.store, info, tier=TIER_REASONING)
-        self.callers.append(caller)
-        return caller
-
     async def send_audio(self, caller: Caller, data: bytes) -> None:
-        """Publish one AudioFrame as the edge does, on the audio lane (``bargein.audio``, key
-        ``<session>.in.AudioFrame``). Published here directly rather than with ``caller.emit``
-        because ``AmqpTransport.publish`` still sends every lane to ``bargein.events``."""
+        """One AudioFrame, as the edge publishes it (on the audio lane)."""
         envelope = Envelope.wrap(caller.session_id, AudioFrame(data=data), seq=next(self._seq), source="user")
-        key = routing_key(caller.session_id, IN, envelope.type)
-        await self.audio.publish(aio_pika.Message(encode(envelope), content_type="application/msgpack"), key)
+        await self.transport.publish(envelope, IN)
 
     async def stream(self, caller: Caller, audio: bytes) -> None:
         for frame in frames(audio):
             await self.send_audio(caller, frame)
             await asyncio.sleep(FRAME_PERIOD_S)
-
-    async def wait_note(self, caller: Caller, prefix: str, timeout: float = T) -> str:
-        async with asyncio.timeout(timeout):
-            while True:
-                for raw in await self.redis.lrange(notes_key(caller.session_id), 0, -1):
-                    note = raw.decode().split("|pid=")[0]
-                    if note.startswith(prefix):
-                        return note
-                await asyncio.sleep(0.02)
 
     async def open_owned(self, cluster: Cluster, attempts: int = 8) -> Caller:
         """A session whose two leases are held by this module's processes.
@@ -113,48 +73,26 @@ class Client:
         this never masks a failure of our processes to take sessions (that times out below).
         """
         ours = {p.pid for p in cluster.processes}
-        foreign: list[str] = []
+        foreign: list[bytes] = []
         for _ in range(attempts):
-            caller = await self.open()
-            owners = [await self.owner(caller, tier) for tier in ("speech", "reasoning")]
-            if all(int(o.rsplit(":", 1)[0].split("-")[-2]) in ours for o in owners):
+            caller = await self.open(PROBE, tiers=TIERS)
+            leases = [await self.lease(caller, tier) for tier in TIERS]
+            if all(owner_pid(lease) in ours for lease in leases):
                 return caller
-            foreign.extend(owners)
-            self.callers.remove(caller)
-            await caller.detach()
-            for tier in (TIER_SPEECH, TIER_REASONING):
-                await forget_session(self.transport, self.store, caller.session_id, tier=tier)
+            foreign.extend(leases)
+            await self.forget(caller, TIERS)
         raise AssertionError(f"processes outside this test keep taking our sessions: {foreign}")
-
-    async def owner(self, caller: Caller, tier: str) -> str:
-        async with asyncio.timeout(T):
-            while True:
-                value = await self.redis.get(
-                    lease_key(TIER_SPEECH if tier == "speech" else TIER_REASONING, caller.session_id)
-                )
-                if value:
-                    return str(value.decode())
-                await asyncio.sleep(0.05)
 
 
 @pytest.fixture
-async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIterator[Client]:
-    transport = await AmqpTransport.connect(rabbitmq_url, name="test-speech-client")
-    store = RedisStateStore.from_url(redis_url)
-    redis_client = aioredis.Redis.from_url(redis_url)
-    connection = await aio_pika.connect_robust(rabbitmq_url)
-    channel = await connection.channel(publisher_confirms=False)
-    audio = await channel.declare_exchange(AUDIO_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
-    c = Client(transport, store, redis_client, audio)
-    try:
-        yield c
-    finally:
-        for caller in c.callers:
-            await caller.detach()
-        await connection.close()
-        await transport.close()
-        await store.close()
-        await redis_client.aclose()
+async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIterator[SpeechClient]:
+    async with connected_client(rabbitmq_url, redis_url, "test-speech-client") as c:
+        speech = SpeechClient(c.transport, c.store, c.redis)
+        try:
+            yield speech
+        finally:
+            for caller in speech.callers:
+                await caller.detach()
 
 
 def split_between_utterances(name: str) -> tuple[bytes, bytes]:
@@ -167,7 +105,7 @@ def split_between_utterances(name: str) -> tuple[bytes, bytes]:
 
 
 async def test_barge_in_from_audio_cancels_the_generation_in_the_reasoning_process(
-    client: Client, cluster: Cluster
+    client: SpeechClient, cluster: Cluster
 ) -> None:
     caller = await client.open_owned(cluster)
     first, second = split_between_utterances("barge_in.wav")
@@ -183,7 +121,7 @@ async def test_barge_in_from_audio_cancels_the_generation_in_the_reasoning_proce
 
 
 async def test_bad_frames_reach_the_client_as_errors_and_the_service_carries_on(
-    client: Client, cluster: Cluster
+    client: SpeechClient, cluster: Cluster
 ) -> None:
     caller = await client.open_owned(cluster)
     await client.send_audio(caller, b"\x00" * 641)  # not whole samples
