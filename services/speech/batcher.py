@@ -169,6 +169,15 @@ class VadBatcher:
         self.max_seen_batch = max(self.max_seen_batch, size)
         self._window_max_batch = max(self._window_max_batch, size)
 
+    def _collect_results(
+        self, slots: list[VadSlot], probabilities: Floats, cpu_s: float, results: dict[VadSlot, list[float]]
+    ) -> int:
+        """Count one inference call and file its probabilities per session, in window order."""
+        self._account(len(slots), cpu_s)
+        for slot, probability in zip(slots, probabilities.tolist(), strict=True):
+            results[slot].append(probability)
+        return len(slots)
+
     def _snapshot(self) -> dict[VadSlot, int]:
         return {slot: len(slot.pending) for slot in self._ready}
 
@@ -192,11 +201,7 @@ class VadBatcher:
             slots, windows = self.collect(quota)
             if not slots:
                 break
-            probabilities, cpu_s = self._infer_timed(slots, windows)
-            self._account(len(slots), cpu_s)
-            for slot, probability in zip(slots, probabilities.tolist(), strict=True):
-                results[slot].append(probability)
-            done += len(slots)
+            done += self._collect_results(slots, *self._infer_timed(slots, windows), results)
         self._dispatch(results)
         return done
 
@@ -242,10 +247,7 @@ class VadBatcher:
                 log.exception("VAD inference failed for a batch of %d windows; dropped", len(slots))
                 self.counters["failed_windows"] += len(slots)
                 continue
-            self._account(len(slots), cpu_s)
-            for slot, probability in zip(slots, probabilities.tolist(), strict=True):
-                results[slot].append(probability)
-            done += len(slots)
+            done += self._collect_results(slots, probabilities, cpu_s, results)
         self._dispatch(results)
         self.counters["ticks"] += 1
         self._window["ticks"] += 1
