@@ -166,7 +166,6 @@ class EdgeSession:
         self.reports: dict[int, int] = {}
         self.ended = False
         self.idle_since: float | None = time.monotonic()
-        self.barge_in_at: float | None = None
 
     def broadcast(self, frame: Frame) -> None:
         self.history.append(frame)
@@ -331,7 +330,6 @@ class Edge:
         elif isinstance(event, TurnInterrupted):
             session.clear(event.turn, "the agent's turn was interrupted")
         elif isinstance(event, UserStartedSpeaking):
-            session.barge_in_at = time.monotonic()
             if envelope.source != STOP_BUTTON:  # the stop button is not the caller speaking
                 session.broadcast({"type": "user_started_speaking"})
             if (
@@ -420,7 +418,6 @@ class Edge:
                 session.delivered(message.turn, message.seq)
         elif isinstance(message, Interrupt):
             # told to the agent as a barge-in, which every interruptible route listens for
-            session.barge_in_at = time.monotonic()
             await self._publish(sid, UserStartedSpeaking(), source=STOP_BUTTON)
             if session.highest_turn not in session.completed:
                 session.clear(session.highest_turn, "the caller pressed stop")

@@ -129,7 +129,6 @@ class AmqpTransport(Transport):
         self._dead: AbstractExchange | None = None
         self._audio_channel: AbstractRobustChannel | None = None
         self._audio: AbstractExchange | None = None
-        self._work_queues: dict[str, AbstractQueue] = {}
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:

@@ -42,8 +42,6 @@ START_TIMEOUT_S = 60.0  # model loading and broker connections on a busy machine
 STOP_TIMEOUT_S = 15.0
 DEMO_WORDS_PER_S = "10"  # scripted replies of 30-40 words last 3-4 s: the barge-in lands inside one
 
-SERVICES = ("services.speech", "services.reasoning", "services.broadcast")
-
 
 class DemoError(Exception):
     """The demo could not run; the message says why (and shows the failing service's log)."""

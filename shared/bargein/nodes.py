@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bargein._callables import close_generator
 from bargein.context import ConversationContext, set_current_context
@@ -220,6 +220,3 @@ class ReasoningNode(Node):
         self.conversation_events.extend(cut)
         if run is not None and run.turn is not None:
             self._interrupted[run.turn] = _InterruptedTurn(produced, start, len(cut))
-
-    def describe(self) -> dict[str, Any]:
-        return {"id": self.id, "events": len(self.conversation_events)}

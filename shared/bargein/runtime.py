@@ -25,7 +25,6 @@ import contextlib
 import contextvars
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -163,7 +162,6 @@ class TurnRun:
         self.clause: int | None = None  # which interrupt_on clause cut the turn off
         self.span: Span | None = None
         self.task: asyncio.Task[None] | None = None
-        self.started_at = time.monotonic()
 
     def ensure_turn(self) -> int:
         if self.turn is None:
