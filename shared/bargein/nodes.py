@@ -40,12 +40,14 @@ _MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
 
 @dataclass
 class _InterruptedTurn:
-    """What an interrupted turn produced and where its cut version sits in the history, so a late
-    delivery report can redo the cut."""
+    """What an interrupted turn produced, the context it answered, and where its cut version sits in
+    the history: a late delivery report redoes the cut, :meth:`ReasoningNode.resume` completes it."""
 
     produced: list[Event]
     start: int
     length: int
+    context_events: list[Event]
+    heard_before: str = ""  # what earlier turns of this answer had delivered (a resumed answer)
 
 
 def _append_text(produced: list[Event], text: str) -> None:
@@ -120,6 +122,7 @@ class ReasoningNode(Node):
         self.context = ConversationContext(system_prompt=system_prompt)
         self._llm_client = llm_client
         self._interrupted: dict[int, _InterruptedTurn] = {}
+        self._resumable: _InterruptedTurn | None = None  # the last cut-off answer, until a new turn
 
     @property
     def llm_client(self) -> LLMClient:
@@ -151,6 +154,7 @@ class ReasoningNode(Node):
         """Forget the history; returns what it held (as Line did)."""
         cleared, self.conversation_events = self.conversation_events, []
         self._interrupted.clear()
+        self._resumable = None
         return cleared
 
     def amend_interrupted_turn(self, turn: int, delivered_text: str) -> bool:
@@ -159,7 +163,7 @@ class ReasoningNode(Node):
         record = self._interrupted.get(turn)
         if record is None:
             return False
-        cut = _cut(record.produced, delivered_text)
+        cut = _cut(record.produced, record.heard_before + delivered_text)
         current = self.conversation_events[record.start : record.start + record.length]
         if current == cut:
             return False
@@ -189,34 +193,70 @@ class ReasoningNode(Node):
         """Run ``process_context`` and keep the history: what it yields, in order (text merged into
         assistant messages, tool calls and other events as they came), whole when the turn
         completes, cut to what the caller received when it is interrupted."""
-        self.current_response = ""
         events = self.conversation_events[-self.max_context_length :] if self.max_context_length else []
-        self.context = ConversationContext(events=list(events), system_prompt=self.system_prompt)
+        self._resumable = None  # a new answer: the old cut-off one is history now
+        start = len(self.conversation_events)
+        async for item in self._answer(list(events), heard="", start=start, length=0):
+            yield item
+
+    async def resume(self, message: Message) -> AsyncIterator[Event]:
+        """Pick the last cut-off answer up where the caller stopped hearing it.
+
+        Route ``FalseInterruption`` here (the barge-in was only a cough): the answer is generated
+        again from the context it had, and streamed from the first character the caller did not
+        receive; the history's cut answer becomes the whole one. Exact for a reproducible model (the
+        scripted client, an LLM at temperature 0); with sampling it continues a fresh answer after
+        the same number of characters. With nothing to resume it yields nothing.
+        """
+        record, self._resumable = self._resumable, None
+        if record is None:
+            return
+        section = self.conversation_events[record.start : record.start + record.length]
+        heard = "".join(e.content for e in section if isinstance(e, AgentResponse))
+        async for item in self._answer(record.context_events, heard, record.start, record.length):
+            yield item
+
+    async def _answer(
+        self, context_events: list[Event], heard: str, start: int, length: int
+    ) -> AsyncIterator[Event]:
+        """Generate an answer to ``context_events`` whose first ``len(heard)`` characters the caller
+        already has (skipped), and keep history[start:start+length] as this answer."""
+        self.current_response = heard
+        self.context = ConversationContext(events=list(context_events), system_prompt=self.system_prompt)
         set_current_context(self.context)
         produced: list[Event] = []
+        skip = len(heard)
         gen = self.process_context(self.context)
         try:
             async for item in gen:
                 if isinstance(item, AgentResponse):
-                    self.current_response += item.content
                     _append_text(produced, item.content)
+                    text, skip = item.content[skip:], max(0, skip - len(item.content))
+                    if not text:
+                        continue
+                    self.current_response += text
+                    yield item if text == item.content else AgentResponse(content=text)
                 elif not isinstance(item, AgentGenerationComplete):
                     produced.append(item)
-                yield item
+                    if not skip:
+                        yield item
         except BaseException as exc:
             await close_generator(gen, exc)
             if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-                self._record_interrupted(produced)
+                self._record_interrupted(produced, heard, context_events, start, length)
             raise
-        self.conversation_events.extend(produced or [AgentResponse(content="")])
+        self.conversation_events[start : start + length] = produced or [AgentResponse(content="")]
         yield AgentGenerationComplete()
 
-    def _record_interrupted(self, produced: list[Event]) -> None:
+    def _record_interrupted(
+        self, produced: list[Event], heard: str, context_events: list[Event], start: int, length: int
+    ) -> None:
         from bargein.runtime import current_run
 
         run = current_run()
-        cut = _cut(produced, run.delivered_text() if run is not None else "")
-        start = len(self.conversation_events)
-        self.conversation_events.extend(cut)
+        cut = _cut(produced, heard + (run.delivered_text() if run is not None else ""))
+        self.conversation_events[start : start + length] = cut
+        record = _InterruptedTurn(produced, start, len(cut), list(context_events), heard)
+        self._resumable = record
         if run is not None and run.turn is not None:
-            self._interrupted[run.turn] = _InterruptedTurn(produced, start, len(cut))
+            self._interrupted[run.turn] = record

@@ -1,6 +1,7 @@
 """The default agent: a conversational node that records what the caller says, answers with the
-configured LLM (scripted unless ``BARGEIN_LLM_BASE_URL`` is set), and stops the moment the caller
-talks over it, on an emergency stop, or on a hand-off."""
+configured LLM (scripted unless ``BARGEIN_LLM_BASE_URL`` is set), stops the moment the caller talks
+over it, on an emergency stop, or on a hand-off, and picks its answer up again where it was cut off
+when the barge-in turns out to have been only a cough (``FalseInterruption``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from bargein import (
     AgentHandoff,
     Bridge,
     EmergencyStop,
+    Event,
+    FalseInterruption,
     Message,
     ReasoningNode,
     SessionInfo,
@@ -40,10 +43,12 @@ def agent(session: SessionInfo) -> Bridge:
     node = ConversationNode(system_prompt=session.options.get("system_prompt", SYSTEM_PROMPT))
     bridge = Bridge(node)
     bridge.on(UserTranscriptionReceived).map(node.add_event)
+    interrupts: list[type[Event]] = [UserStartedSpeaking, EmergencyStop, AgentHandoff]
     (
         bridge.on(UserStoppedSpeaking)
-        .interrupt_on([UserStartedSpeaking, EmergencyStop, AgentHandoff], handler=node.on_interrupt_generate)
+        .interrupt_on(interrupts, handler=node.on_interrupt_generate)
         .stream(node.generate)
         .broadcast()
     )
+    bridge.on(FalseInterruption).interrupt_on(interrupts).stream(node.resume).broadcast()
     return bridge
