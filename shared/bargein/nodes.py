@@ -195,9 +195,13 @@ class ReasoningNode(Node):
         completes, cut to what the caller received when it is interrupted."""
         events = self.conversation_events[-self.max_context_length :] if self.max_context_length else []
         self._resumable = None  # a new answer: the old cut-off one is history now
-        start = len(self.conversation_events)
-        async for item in self._answer(list(events), heard="", start=start, length=0):
-            yield item
+        answer = self._answer(list(events), heard="", start=len(self.conversation_events), length=0)
+        try:
+            async for item in answer:
+                yield item
+        except BaseException as exc:  # cancelled at our yield: _answer must unwind now, not at GC
+            await close_generator(answer, exc)
+            raise
 
     async def resume(self, message: Message) -> AsyncIterator[Event]:
         """Pick the last cut-off answer up where the caller stopped hearing it.
@@ -213,8 +217,13 @@ class ReasoningNode(Node):
             return
         section = self.conversation_events[record.start : record.start + record.length]
         heard = "".join(e.content for e in section if isinstance(e, AgentResponse))
-        async for item in self._answer(record.context_events, heard, record.start, record.length):
-            yield item
+        answer = self._answer(record.context_events, heard, record.start, record.length)
+        try:
+            async for item in answer:
+                yield item
+        except BaseException as exc:
+            await close_generator(answer, exc)
+            raise
 
     async def _answer(
         self, context_events: list[Event], heard: str, start: int, length: int

@@ -285,3 +285,46 @@ async def test_one_interrupt_cancels_every_route_it_names() -> None:
         await s.emit(UserStartedSpeaking())
         assert sorted(s.interrupted_turns) == [1, 2]
         assert await s.quiet(0.2) == []
+
+
+async def test_a_turn_cancelled_between_chunks_unwinds_the_node_at_once() -> None:
+    """The cancel can land outside the generator (here in a slow step after it; over RabbitMQ, while
+    a chunk is being published). process_context must still see CancelledError right away, and the
+    history must be cut before the handler runs, not whenever the garbage collector finds it."""
+    seen: list[str] = []
+
+    class Aware(ReasoningNode):
+        async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+            try:
+                for i in range(50):
+                    yield AgentResponse(content=f"x{i} ")
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        def on_interrupt_generate(self, message: Message) -> None:
+            seen.append(f"handler, history={self.conversation_events[-1]!r}")
+
+    async def slow(event: Event) -> Event:
+        await asyncio.sleep(0.02)  # every chunk waits here: the cancel lands in this step
+        return event
+
+    def agent(session: SessionInfo) -> Bridge:
+        node = Aware()
+        bridge = Bridge(node)
+        (
+            bridge.on(UserStoppedSpeaking)
+            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
+            .stream(node.generate)
+            .map(slow)
+            .broadcast()
+        )
+        return bridge
+
+    async with LocalSession(agent) as s:
+        await s.emit(UserStoppedSpeaking())
+        heard = "".join(await take_chunks(s, 3))
+        await s.emit(UserStartedSpeaking())
+        await wait_for(lambda: len(seen) == 2)
+        assert seen[0] == "cancelled"
+        assert seen[1] == f"handler, history={AgentResponse(content=heard)!r}"
