@@ -28,7 +28,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -72,7 +71,6 @@ class SpeechSession(SessionProcessor):
         settings: SpeechSettings,
         batcher: VadBatcher,
         transcriber: Transcriber | None = None,
-        idle_end_s: float | None = None,
     ) -> None:
         self.info: SessionInfo = own.info
         self.session_id = own.info.session_id
@@ -84,10 +82,8 @@ class SpeechSession(SessionProcessor):
         self.settings = settings
         self.batcher = batcher
         self.transcriber: Transcriber = transcriber or NullTranscriber()
-        self.idle_end_s = idle_end_s
         self.counters: collections.Counter[str] = collections.Counter()
         self.policy = TurnPolicy(TurnConfig.from_settings(settings))
-        self.last_audio = time.monotonic()
         self.closed = False
         self._seq = itertools.count()
         self._partial = bytearray()
@@ -118,8 +114,6 @@ class SpeechSession(SessionProcessor):
             config = base
         self.policy = TurnPolicy(config)
         self._publisher = asyncio.create_task(self._publish_loop(), name=f"speech-out:{self.session_id}")
-        if self.idle_end_s:
-            self._spawn(self._watch_idle(self.idle_end_s))
         log.info(
             "session %s: speech detection running (epoch %d; threshold %.2f, barge-in after %.0f ms, "
             "turn ends after %.0f ms of silence, false interruption under %.0f ms)",
@@ -188,7 +182,6 @@ class SpeechSession(SessionProcessor):
             self.counters["ignored"] += 1
             log.debug("session %s: ignoring %s on the audio lane", self.session_id, envelope.type)
             return
-        self.last_audio = time.monotonic()
         data = event.data
         problem = self._frame_problem(data)
         if problem is not None:
@@ -330,16 +323,6 @@ class SpeechSession(SessionProcessor):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _watch_idle(self, idle_end_s: float) -> None:
-        """End a session whose audio stopped long ago (its caller is gone: nothing on the audio lane
-        says so otherwise), so the worker's room is not held for ever."""
-        while True:
-            await asyncio.sleep(min(idle_end_s / 4, 30.0))
-            if time.monotonic() - self.last_audio >= idle_end_s:
-                log.info("session %s: no audio for %.0f s; ending it here", self.session_id, idle_end_s)
-                self.on_end(self.session_id)
-                return
-
 
 class SpeechSessions:
     """The speech tier's :data:`~bargein.host.ProcessorFactory`: every session it makes shares one
@@ -351,12 +334,10 @@ class SpeechSessions:
         *,
         batcher: VadBatcher | None = None,
         transcriber: Transcriber | None = None,
-        idle_end_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.batcher = batcher or VadBatcher(tick_ms=settings.vad_tick_ms, max_batch=settings.vad_max_batch)
         self.transcriber = transcriber
-        self.idle_end_s = idle_end_s
 
     def __call__(self, own: Ownership) -> SpeechSession:
         return SpeechSession(
@@ -364,7 +345,6 @@ class SpeechSessions:
             settings=self.settings,
             batcher=self.batcher,
             transcriber=self.transcriber,
-            idle_end_s=self.idle_end_s,
         )
 
 
@@ -384,6 +364,6 @@ def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None
     factory: Callable[[Ownership], SpeechSession] = SpeechSessions(
         settings,
         batcher=batcher,
-        transcriber=transcriber,  # idle sessions: the host ends them
+        transcriber=transcriber,  # sessions gone quiet are ended by the host (BARGEIN_SESSION_IDLE_S)
     )
     return factory

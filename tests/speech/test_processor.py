@@ -128,15 +128,21 @@ class Rig:
         self.transport = MemoryTransport(self.broker)
         self.store = MemoryStateStore()
         self.batcher = VadBatcher(shared_model(), tick_ms=self.settings.vad_tick_ms, max_batch=max_batch)
-        self.factory = SpeechSessions(
-            self.settings, batcher=self.batcher, transcriber=transcriber, idle_end_s=idle_end_s
-        )
+        self.factory = SpeechSessions(self.settings, batcher=self.batcher, transcriber=transcriber)
+        self.idle_end_s = idle_end_s
         self.host = self.new_host("speech-1")
         self.worker = Worker(self.host, adopt_interval_s=0.05, status_interval_s=60)
 
     def new_host(self, owner: str) -> SessionHost:
+        # with an idle limit, a short lease: the host checks for silence when it renews
         return SessionHost(
-            MemoryTransport(self.broker), self.store, self.factory, owner=owner, tier=TIER_SPEECH
+            MemoryTransport(self.broker),
+            self.store,
+            self.factory,
+            owner=owner,
+            tier=TIER_SPEECH,
+            idle_end_s=self.idle_end_s,
+            lease_ttl_ms=600 if self.idle_end_s else 10_000,
         )
 
     async def open(self, options: dict[str, Any] | None = None) -> Session:
