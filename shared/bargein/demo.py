@@ -94,7 +94,7 @@ async def run_demo(agent_spec: str | None = None) -> int:
         tl.line("system", "the history the model sees on the next turn:")
         for node in session.nodes:
             if isinstance(node, ReasoningNode):
-                for msg in node.context.__class__(events=node.conversation_events).format_messages():
+                for msg in node.history_messages():
                     tl.line("", f"  {msg['role']:>9}: {msg['content']}")
         counters = dict(session.runtime.counters)
         tl.line("system", f"runtime counters: {counters}")

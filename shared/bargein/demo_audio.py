@@ -232,7 +232,7 @@ async def run_audio_demo(
             tl.entry("note", "system", "the history the model sees on the next turn:", message="history")
             for node in session.nodes:
                 if isinstance(node, ReasoningNode):
-                    for msg in node.context.__class__(events=node.conversation_events).format_messages():
+                    for msg in node.history_messages():
                         role, content = msg["role"], msg["content"]
                         tl.entry("history", "", f"  {role:>9}: {content}", role=role, content=content)
     tl.close()

@@ -150,6 +150,10 @@ class ReasoningNode(Node):
         else:
             self.conversation_events.append(ev)
 
+    def history_messages(self) -> list[dict[str, str]]:
+        """The whole history as chat messages (what the model would see, less the system prompt)."""
+        return ConversationContext(events=self.conversation_events).format_messages()
+
     def clear_context(self) -> list[Event]:
         """Forget the history; returns what it held (as Line did)."""
         cleared, self.conversation_events = self.conversation_events, []

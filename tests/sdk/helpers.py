@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from bargein import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
+from bargein import AgentResponse, Event, ReasoningNode, UserStoppedSpeaking, UserTranscriptionReceived
 from bargein.testing import LocalSession
 
 
@@ -34,3 +34,10 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - there is no event to wait on
             await asyncio.sleep(0.005)
+
+
+def history(session: LocalSession) -> list[tuple[str, str]]:
+    """The session's (first) reasoning node's history as (role, content) pairs."""
+    node = session.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    return [(m["role"], m["content"]) for m in node.history_messages()]

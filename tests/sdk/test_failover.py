@@ -24,7 +24,7 @@ from bargein import (
 from bargein.llm import ScriptedLLM
 from bargein.testing import LocalSession
 
-from .helpers import ask, reply_text, take_chunks, wait_for
+from .helpers import ask, history, reply_text, take_chunks, wait_for
 
 FIRST = " ".join(f"a{i}" for i in range(30))
 SECOND = " ".join(f"b{i}" for i in range(30))
@@ -56,15 +56,6 @@ def agent(session: SessionInfo) -> Bridge:
     return bridge
 
 
-def _history(s: LocalSession) -> list[tuple[str, str]]:
-    node = s.nodes[0]
-    assert isinstance(node, ReasoningNode)
-    return [
-        (m["role"], m["content"])
-        for m in node.context.__class__(events=node.conversation_events).format_messages()
-    ]
-
-
 async def _rest_of_turn(s: LocalSession) -> list[Any]:
     events = await s.collect_turn(timeout=10)
     assert isinstance(events[-1], AgentGenerationComplete)
@@ -82,7 +73,7 @@ async def test_crash_mid_turn_the_adopter_completes_the_answer_without_repeats_o
         assert s.runtime.epoch == 2
         assert {env.turn for env, _ in s.received} == {1}  # the same turn, continued
         # the adopter's history is whole, and the conversation goes on
-        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+        assert history(s) == [("user", "q1"), ("assistant", FIRST)]
         await ask(s, "q2")
         assert reply_text(await _rest_of_turn(s)) == SECOND
 
@@ -95,7 +86,7 @@ async def test_crash_between_two_turns_loses_nothing_and_continues_numbering() -
         await ask(s, "q2")
         assert reply_text(await _rest_of_turn(s)) == SECOND
         assert s.received[-1][0].turn == 2
-        assert _history(s) == [("user", "q1"), ("assistant", FIRST), ("user", "q2"), ("assistant", SECOND)]
+        assert history(s) == [("user", "q1"), ("assistant", FIRST), ("user", "q2"), ("assistant", SECOND)]
 
 
 async def test_crash_before_the_turn_started_runs_it_in_the_adopter() -> None:
@@ -104,7 +95,7 @@ async def test_crash_before_the_turn_started_runs_it_in_the_adopter() -> None:
         await ask(s, "q1")
         await s.crash()
         assert reply_text(await _rest_of_turn(s)) == FIRST
-        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+        assert history(s) == [("user", "q1"), ("assistant", FIRST)]
 
 
 async def test_crash_during_the_interrupt_handler_runs_the_handler_in_the_adopter() -> None:
@@ -120,7 +111,7 @@ async def test_crash_during_the_interrupt_handler_runs_the_handler_in_the_adopte
         await wait_for(lambda: "end:Node" in handler_calls)
         assert handler_calls == ["start:Node", "start:Node", "end:Node"]
         assert await s.quiet(0.2) == []  # the interrupted turn is not resumed
-        assert _history(s) == [("user", "q1"), ("assistant", heard)]
+        assert history(s) == [("user", "q1"), ("assistant", heard)]
         await ask(s, "q2")
         assert reply_text(await _rest_of_turn(s)) == SECOND
 
@@ -133,7 +124,7 @@ async def test_graceful_hand_over_mid_turn_resumes_instead_of_interrupting() -> 
         rest = await _rest_of_turn(s)
         assert "".join(heard) + reply_text(rest) == FIRST
         assert s.interrupted_turns == []
-        assert _history(s) == [("user", "q1"), ("assistant", FIRST)]
+        assert history(s) == [("user", "q1"), ("assistant", FIRST)]
 
 
 async def test_stale_owner_output_is_dropped_at_the_edge() -> None:

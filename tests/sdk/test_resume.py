@@ -15,7 +15,7 @@ from bargein import (
 from bargein.llm import ScriptedLLM
 from bargein.testing import LocalSession
 
-from .helpers import ask, reply_text, take_chunks, wait_for
+from .helpers import ask, history, reply_text, take_chunks, wait_for
 
 FIRST = " ".join(f"a{i}" for i in range(30))
 SECOND = " ".join(f"b{i}" for i in range(30))
@@ -30,15 +30,6 @@ def agent(session: SessionInfo) -> Bridge:
     bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
     bridge.on(FalseInterruption).interrupt_on(UserStartedSpeaking).stream(node.resume).broadcast()
     return bridge
-
-
-def history(s: LocalSession) -> list[tuple[str, str]]:
-    node = s.nodes[0]
-    assert isinstance(node, ReasoningNode)
-    return [
-        (m["role"], m["content"])
-        for m in node.context.__class__(events=node.conversation_events).format_messages()
-    ]
 
 
 async def test_a_cough_resumes_the_answer_where_the_caller_stopped_hearing_it() -> None:
