@@ -6,7 +6,6 @@ WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY shared ./shared
-COPY services ./services
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 bargein
 
 USER bargein

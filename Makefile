@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check shared services tests scripts
 	$(BIN)/ruff format --check shared services tests scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix shared services tests scripts

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bargein.cli import build_parser
 from bargein.settings import all_variables
+from bargein.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"

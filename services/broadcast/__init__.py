@@ -1,1 +1,1 @@
-"""The broadcast service: the client edge (HTTP + WebSocket). See docs/protocol.md."""
+"""The broadcast service, the client edge (``docs/protocol.md``); its parts are in :mod:`bargein.edge`."""

@@ -2,7 +2,7 @@
 
 import sys
 
-from services.broadcast.service import main
+from bargein.edge.service import main
 
 if __name__ == "__main__":
     sys.exit(main())

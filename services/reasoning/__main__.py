@@ -1,13 +1,13 @@
 """``python -m services.reasoning`` (or ``bargein reasoning``): the reasoning service.
 
 It owns sessions through leases, runs ``BARGEIN_AGENT``'s routes for each, publishes the agent's
-output and cancels generations on interrupts. Wiring only; see :mod:`bargein.service`.
+output and cancels generations on interrupts. Wiring only; see :mod:`bargein.hosting.service`.
 """
 
 import sys
 
-from bargein.names import TIER_REASONING
-from bargein.service import main
+from bargein.hosting.service import main
+from bargein.wire.names import TIER_REASONING
 
 if __name__ == "__main__":
     sys.exit(main(TIER_REASONING))

@@ -2,14 +2,14 @@
 
 It owns sessions' audio through leases like the reasoning service, runs Silero VAD for all of them
 in batched inference calls and publishes the user's turn events. Wiring only; see
-:mod:`bargein.service` and :mod:`services.speech.processor`.
+:mod:`bargein.hosting.service` and :mod:`bargein.speech.session`.
 """
 
 import sys
 
-from bargein.names import TIER_SPEECH
-from bargein.service import main
-from services.speech.processor import speech_factory
+from bargein.hosting.service import main
+from bargein.speech.session import speech_factory
+from bargein.wire.names import TIER_SPEECH
 
 if __name__ == "__main__":
     sys.exit(main(TIER_SPEECH, speech_factory))

@@ -5,19 +5,8 @@ Agent code imports everything it needs from here::
     from bargein import Bridge, ReasoningNode, AgentResponse, UserStartedSpeaking, UserStoppedSpeaking
 """
 
-from bargein.context import ConversationContext, messages
-from bargein.errors import (
-    BargeinError,
-    EnvelopeError,
-    InvalidEnvelope,
-    InvalidSessionId,
-    MessageTooLarge,
-    RouteError,
-    SettingsError,
-    UndecodableMessage,
-    UnknownEventType,
-)
-from bargein.events import (
+from bargein.agent.context import ConversationContext, messages
+from bargein.agent.events import (
     AgentError,
     AgentGenerationComplete,
     AgentHandoff,
@@ -47,10 +36,23 @@ from bargein.events import (
     UserTranscriptionReceived,
     UserUnknownInputReceived,
 )
-from bargein.message import Message
-from bargein.nodes import Node, ReasoningNode
-from bargein.route import Bridge, Route
-from bargein.runtime import SessionInfo, current_run
+from bargein.agent.llm import Chunk, LLMClient, OpenAICompatibleLLM, ScriptedLLM
+from bargein.agent.message import Message, Source
+from bargein.agent.nodes import Node, ReasoningNode
+from bargein.agent.routes import Bridge, Route
+from bargein.agent.turn import current_run
+from bargein.errors import (
+    BargeinError,
+    EnvelopeError,
+    InvalidEnvelope,
+    InvalidSessionId,
+    MessageTooLarge,
+    RouteError,
+    SettingsError,
+    UndecodableMessage,
+    UnknownEventType,
+)
+from bargein.wire.session_info import SessionInfo
 
 __version__ = "0.1.0"
 
@@ -65,6 +67,7 @@ __all__ = [
     "AudioFrame",
     "BargeinError",
     "Bridge",
+    "Chunk",
     "ConversationContext",
     "CustomReceived",
     "DTMFInputEvent",
@@ -78,16 +81,20 @@ __all__ = [
     "InterruptPolicy",
     "InvalidEnvelope",
     "InvalidSessionId",
+    "LLMClient",
     "LogMetric",
     "Message",
     "MessageTooLarge",
     "Node",
+    "OpenAICompatibleLLM",
     "ReasoningNode",
     "Route",
     "RouteError",
+    "ScriptedLLM",
     "SessionError",
     "SessionInfo",
     "SettingsError",
+    "Source",
     "SpeechDelivered",
     "ToolCall",
     "ToolResult",

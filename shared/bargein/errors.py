@@ -11,6 +11,10 @@ class SettingsError(BargeinError):
     """A ``BARGEIN_*`` variable has a value that cannot be used."""
 
 
+class TurnTakingError(SettingsError):
+    """A session's ``turn_taking`` options are not usable; the message names every problem."""
+
+
 class RouteError(BargeinError, TypeError):
     """A route was declared wrongly; raised when the route is declared, not when it first runs."""
 

@@ -8,14 +8,16 @@ can act on instead of a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bargein.errors import SettingsError
+from bargein.errors import SettingsError, TurnTakingError
 
 PREFIX = "BARGEIN_"
+DEFAULT_EDGE_SECRET = "dev-secret-change-me"  # the edge warns at start-up while this is in use
 
 
 class _Base(BaseSettings):
@@ -26,7 +28,7 @@ class CoreSettings(_Base):
     """Settings shared by the SDK and every service."""
 
     agent: str = Field(
-        default="services.reasoning.agents.default:agent",
+        default="bargein.examples.default:agent",
         description="The agent to run, as module:attribute.",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
     )
@@ -105,7 +107,7 @@ class BroadcastSettings(_Base):
     """The client edge (``bargein broadcast``)."""
 
     edge_secret: str = Field(
-        default="dev-secret-change-me", min_length=8, description="HMAC key for session tokens (set it!)."
+        default=DEFAULT_EDGE_SECRET, min_length=8, description="HMAC key for session tokens (set it!)."
     )
     host: str = Field(default="127.0.0.1", description="Address the edge listens on.")
     port: int = Field(default=8080, ge=0, le=65535)
@@ -115,6 +117,66 @@ class BroadcastSettings(_Base):
     token_ttl_s: int = Field(default=3600, ge=10, description="How long a session token is valid.")
     send_buffer: int = Field(default=256, ge=8, description="Frames queued per connection before it is cut.")
     report_interval_ms: float = Field(default=50, ge=0, description="How often delivery is reported back.")
+
+
+# --- per-session turn-taking -----------------------------------------------------------------------
+
+TURN_TAKING_OPTION = "turn_taking"  # the session option (POST /v1/sessions) that overrides them
+TURN_TAKING_FIELDS = (
+    "speech_threshold",
+    "min_interruption_ms",
+    "min_silence_ms",
+    "false_interruption_timeout_ms",
+)
+TURN_TAKING_ALIASES = {"threshold": "speech_threshold"}
+
+# Built from SpeechSettings' own fields, so a session's bounds and defaults are the environment's.
+_TurnTaking: type[BaseModel] = create_model(
+    "TurnTaking",
+    __config__=ConfigDict(extra="forbid", frozen=True),
+    **{
+        name: (SpeechSettings.model_fields[name].annotation, SpeechSettings.model_fields[name])
+        for name in TURN_TAKING_FIELDS
+    },  # type: ignore[call-overload]
+)
+
+
+def turn_taking_defaults() -> dict[str, float]:
+    return {name: float(SpeechSettings.model_fields[name].default) for name in TURN_TAKING_FIELDS}
+
+
+def check_turn_taking(overrides: Any) -> dict[str, float]:
+    """A session's ``turn_taking`` options as (setting name → value), checked with the bounds of the
+    ``BARGEIN_`` variables themselves; :class:`TurnTakingError` naming every problem otherwise."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        kind = type(overrides).__name__
+        raise TurnTakingError(
+            f"options.{TURN_TAKING_OPTION} must be a mapping of setting → value, got {kind}"
+        )
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = TURN_TAKING_ALIASES.get(str(key), str(key))
+        if name in values:
+            problems.append(f"{key}: given twice (as {name} and an alias)")
+        elif name not in TURN_TAKING_FIELDS:
+            known = ", ".join(TURN_TAKING_FIELDS)
+            where = "a process setting" if name in SpeechSettings.model_fields else "not a setting"
+            problems.append(f"{key}: {where}; a session may set {known}")
+        else:
+            values[name] = value
+    if not problems:
+        try:
+            checked = _TurnTaking.model_validate({**turn_taking_defaults(), **values})
+        except ValidationError as exc:
+            for err in exc.errors():
+                field = ".".join(str(p) for p in err["loc"])
+                problems.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+        else:
+            return {name: float(getattr(checked, name)) for name in values}
+    raise TurnTakingError(f"invalid options.{TURN_TAKING_OPTION}: " + "; ".join(problems))
 
 
 _S = TypeVar("_S", bound=BaseSettings)

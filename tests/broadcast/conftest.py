@@ -27,7 +27,7 @@ from tests.integration.conftest import rabbitmq_url, redis_url
 __all__ = ["Stack", "rabbitmq_url", "redis_url", "stack"]
 
 EDGE_READY = "edge ready"  # the broadcast service logs it once it listens
-WORKER_READY = "ready (up to"  # bargein.worker logs it once it takes session starts
+WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it takes session starts
 READY_TIMEOUT_S = 30.0
 FIXTURES = REPO / "tests" / "fixtures" / "audio"
 AGENT_WORDS_PER_S = 8  # a default reply (30-40 words) lasts about 4 s: time enough to barge in
@@ -83,7 +83,7 @@ def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFa
     env = cluster_env(
         rabbitmq_url,
         redis_url,
-        BARGEIN_AGENT="services.reasoning.agents.default:agent",
+        BARGEIN_AGENT="bargein.examples.default:agent",
         BARGEIN_SCRIPTED_FIRST_TOKEN_MS="100",
         BARGEIN_SCRIPTED_TOKENS_PER_S=str(AGENT_WORDS_PER_S),
         BARGEIN_HOST="127.0.0.1",

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from bargein import snapshot
-from bargein.events import AgentResponse
-from bargein.names import TIER_REASONING
-from bargein.redis_store import RedisStateStore
+from bargein.agent.events import AgentResponse
+from bargein.runtime import snapshot
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import TIER_REASONING
 from tests.broadcast.conftest import FIXTURES, Stack
 
 pytestmark = pytest.mark.integration

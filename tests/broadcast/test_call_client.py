@@ -1,4 +1,4 @@
-"""``bargein call`` (:mod:`bargein.call`).
+"""``bargein call`` (:mod:`bargein.tools.call`).
 
 Two groups:
 
@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from bargein.call import EXIT_FAILED, EXIT_OK, EXIT_USAGE, FRAME_BYTES, run_call
+from bargein.tools.call import EXIT_FAILED, EXIT_OK, EXIT_USAGE, FRAME_BYTES, run_call
 from tests.broadcast.conftest import FIXTURES, Stack, free_port
 
 RATE = 16_000

@@ -1,6 +1,6 @@
 """``bargein demo`` on the real audio path: the two-utterance fixture WAV (a question, then a
-barge-in over the answer) through speech detection, in one process (:mod:`bargein.demo_audio`)
-and as the three services in separate processes behind the edge (:mod:`bargein.demo_distributed`).
+barge-in over the answer) through speech detection, in one process (:mod:`bargein.tools.demo_audio`)
+and as the three services in separate processes behind the edge (:mod:`bargein.tools.demo_distributed`).
 Both print ``bargein call``'s timeline; the tests read its JSON-lines form."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bargein.demo_audio import run_audio_demo
-from bargein.demo_distributed import run_distributed_demo
+from bargein.tools.demo_audio import run_audio_demo
+from bargein.tools.demo_distributed import run_distributed_demo
 from tests.broadcast.conftest import broadcast_service_exists, speech_service_exists
 from tests.integration.cluster import reset_shared_queues
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bargein.envelope import Envelope
-from bargein.events import AgentResponse, InterruptPolicy, TurnInterrupted, UserStartedSpeaking
-from bargein.memory import MemoryStateStore, MemoryTransport
+from bargein.agent.events import AgentResponse, InterruptPolicy, TurnInterrupted, UserStartedSpeaking
+from bargein.edge.core import CLOSE_SLOW, Connection, Edge, Outbox
+from bargein.edge.protocol import AgentChunk, Clear, SpeakingStarted, TurnComplete, frame_json
 from bargein.settings import BroadcastSettings
-from services.broadcast.edge import CLOSE_SLOW, Edge, Outbox
+from bargein.transport.memory import MemoryStateStore, MemoryTransport
+from bargein.wire.envelope import Envelope
 
 from ..sdk.helpers import wait_for
 
@@ -42,6 +43,11 @@ async def make_edge(buffer: int = 8) -> Edge:
     return edge
 
 
+def frames(connection: Connection) -> list[dict[str, Any]]:
+    """What waits in a connection's outbox, as it would go on the socket."""
+    return [frame_json(f) for f in connection.outbox.frames]
+
+
 async def push(edge: Edge, session: str, event: Any, **fields: int) -> None:
     await edge.on_event(Envelope.wrap(session, event, **fields), event)
 
@@ -67,12 +73,12 @@ async def test_a_stuck_client_is_cut_off_and_others_keep_receiving() -> None:
 async def test_clear_purges_queued_chunks_and_jumps_the_queue() -> None:
     box = Outbox(limit=100)
     for seq in range(5):
-        box.put({"type": "agent_chunk", "turn": 1, "seq": seq, "text": "x"})
-    box.put({"type": "turn_complete", "turn": 1})
-    box.put({"type": "user_started_speaking"})
+        box.put(AgentChunk(turn=1, seq=seq, text="x"))
+    box.put(TurnComplete(turn=1))
+    box.put(SpeakingStarted())
     assert box.purge_turns(1) == 6
-    box.put_first({"type": "clear", "turn": 1})
-    assert [f["type"] for f in box.frames] == ["clear", "user_started_speaking"]
+    box.put_first(Clear(turn=1))
+    assert [f.type for f in box.frames] == ["clear", "user_started_speaking"]
 
 
 async def test_policy_lets_the_edge_clear_before_the_owner_says_so() -> None:
@@ -84,11 +90,11 @@ async def test_policy_lets_the_edge_clear_before_the_owner_says_so() -> None:
         for seq in range(3):
             await push(edge, "s2", AgentResponse(content="x"), turn=4, seq=seq, epoch=1)
         await push(edge, "s2", UserStartedSpeaking())  # from speech detection; no TurnInterrupted yet
-        kinds = [(f["type"], f.get("turn")) for f in connection.outbox.frames]
+        kinds = [(f["type"], f.get("turn")) for f in frames(connection)]
         assert kinds == [("clear", 4), ("user_started_speaking", None)]
         await push(edge, "s2", AgentResponse(content="late"), turn=4, seq=3, epoch=1)  # in flight
         await push(edge, "s2", TurnInterrupted(turn=4), turn=4, epoch=1)  # the owner confirms
-        assert [f["type"] for f in connection.outbox.frames] == ["clear", "user_started_speaking"]
+        assert [f["type"] for f in frames(connection)] == ["clear", "user_started_speaking"]
     finally:
         await edge.stop()
 
@@ -101,9 +107,9 @@ async def test_without_the_policy_the_edge_waits_for_the_owner() -> None:
         await push(edge, "s3", InterruptPolicy(events=[]), epoch=1)  # a conditional interrupt
         await push(edge, "s3", AgentResponse(content="x"), turn=2, seq=0, epoch=1)
         await push(edge, "s3", UserStartedSpeaking())
-        assert "clear" not in [f["type"] for f in connection.outbox.frames]  # the owner may decline
+        assert "clear" not in [f["type"] for f in frames(connection)]  # the owner may decline
         await push(edge, "s3", TurnInterrupted(turn=2), turn=2, epoch=1)
-        assert connection.outbox.frames[0] == {"type": "clear", "turn": 2}
+        assert frames(connection)[0] == {"type": "clear", "turn": 2}
     finally:
         await edge.stop()
 
@@ -133,7 +139,7 @@ async def test_what_a_caller_was_sent_is_reported_back(monkeypatch: Any) -> None
 
 
 async def test_a_false_interruption_ends_the_speaking_state_for_clients() -> None:
-    from bargein.events import FalseInterruption
+    from bargein.agent.events import FalseInterruption
 
     edge = await make_edge()
     try:
@@ -141,7 +147,7 @@ async def test_a_false_interruption_ends_the_speaking_state_for_clients() -> Non
         connection = await edge.join("s5", sock, "caller", False)  # type: ignore[arg-type]
         await push(edge, "s5", UserStartedSpeaking())
         await push(edge, "s5", FalseInterruption(duration_ms=180))
-        assert list(connection.outbox.frames) == [
+        assert frames(connection) == [
             {"type": "user_started_speaking"},
             {"type": "user_stopped_speaking", "false_interruption": True},
         ]

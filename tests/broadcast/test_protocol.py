@@ -20,10 +20,10 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from bargein import snapshot
-from bargein.events import AgentResponse
-from bargein.names import TIER_REASONING
-from bargein.redis_store import RedisStateStore
+from bargein.agent.events import AgentResponse
+from bargein.runtime import snapshot
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import TIER_REASONING
 from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
 
 T = 15.0
@@ -270,6 +270,7 @@ async def test_bad_messages_get_errors_and_the_session_goes_on(base: str) -> Non
         b"[]",
         json.dumps({"turn_taking": {"min_silence_ms": "long"}}).encode(),
         json.dumps({"turn_taking": {"nonsense": 1}}).encode(),
+        json.dumps({"turn_taking": {"min_silence_ms": 5}}).encode(),  # below the setting's own bound
         json.dumps({"surprise": 1}).encode(),
     ],
 )

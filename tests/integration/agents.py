@@ -29,8 +29,8 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.llm import ScriptedLLM
-from bargein.loader import load_agent
+from bargein.agent.llm import ScriptedLLM
+from bargein.hosting.loader import load_agent
 
 _redis: aioredis.Redis | None = None
 

@@ -15,7 +15,13 @@ from pathlib import Path
 import aio_pika
 import redis
 
-from bargein.names import DEAD_QUEUE, TIER_REASONING, TIER_SPEECH, session_directory_key, session_work_queue
+from bargein.wire.names import (
+    DEAD_QUEUE,
+    TIER_REASONING,
+    TIER_SPEECH,
+    session_directory_key,
+    session_work_queue,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ import aio_pika
 import pytest
 import redis
 
-from bargein.redis_store import RedisStateStore
+from bargein.transport.redis_store import RedisStateStore
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer

@@ -9,9 +9,9 @@ to the ``handle_new_call`` (or ``VoiceAgentApp``) that ``options["agent"]`` name
 
 from __future__ import annotations
 
+from bargein.hosting.loader import load_agent
 from bargein.line import CallRequest, VoiceAgentSystem
-from bargein.loader import load_agent
-from bargein.system import is_line_style
+from bargein.line.system import is_line_style
 
 
 async def by_option(system: VoiceAgentSystem, call_request: CallRequest) -> None:

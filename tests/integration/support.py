@@ -10,15 +10,15 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from bargein import snapshot
-from bargein.amqp import AmqpTransport
-from bargein.caller import Caller
-from bargein.envelope import new_session_id
-from bargein.events import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
-from bargein.names import TIER_REASONING, Tier, lease_key
-from bargein.redis_store import RedisStateStore
-from bargein.runtime import SessionInfo
-from bargein.sessions import create_session, forget_session
+from bargein.agent.events import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
+from bargein.hosting.sessions import create_session, forget_session
+from bargein.runtime import snapshot
+from bargein.testing.caller import Caller
+from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.envelope import new_session_id
+from bargein.wire.names import TIER_REASONING, Tier, lease_key
+from bargein.wire.session_info import SessionInfo
 
 from .agents import notes_key
 

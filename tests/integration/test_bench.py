@@ -13,8 +13,8 @@ import math
 
 import redis
 
-from bargein.bench import interrupt_samples_key, raw_samples_key, run_interrupt_bench
-from bargein.names import TIER_REASONING, session_directory_key
+from bargein.tools.bench import interrupt_samples_key, raw_samples_key, run_interrupt_bench
+from bargein.wire.names import TIER_REASONING, session_directory_key
 
 SESSIONS = 10
 SAMPLES = 20

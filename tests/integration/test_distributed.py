@@ -2,7 +2,7 @@
 
 Two ``python -m services.reasoning`` processes serve every test here (they run
 ``tests.integration.agents:by_option``, which builds the agent each session start names). The test
-process plays the caller and the client edge through :class:`bargein.caller.Caller` on its own
+process plays the caller and the client edge through :class:`bargein.testing.caller.Caller` on its own
 RabbitMQ connection. Failures are real: processes are killed with SIGKILL or stopped with SIGTERM.
 """
 
@@ -27,9 +27,9 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.caller import Caller
-from bargein.envelope import Envelope, decode, encode, new_session_id
-from bargein.names import (
+from bargein.testing.caller import Caller
+from bargein.wire.envelope import Envelope, decode, encode, new_session_id
+from bargein.wire.names import (
     DEAD_QUEUE,
     DEAD_REASON_HEADER,
     EVENTS_EXCHANGE,
@@ -39,12 +39,12 @@ from bargein.names import (
     routing_key,
     session_work_queue,
 )
-from bargein.runtime import SessionInfo
+from bargein.wire.session_info import SessionInfo
 
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, T, ask, chunks, connected_client, text_of
 
-SEED = "services.reasoning.agents.seed"
+SEED = "bargein.examples.seed"
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +195,18 @@ async def test_interrupt_overtakes_a_backlog(client: Client) -> None:
     note = await client.wait_note(caller, "cancelled", timeout=T)
     seen = int(note.split("custom_seen=")[1])
     assert seen < backlog / 2, f"the interrupt waited behind the backlog ({seen} of {backlog} handled)"
+
+
+async def test_interrupt_does_not_wait_for_another_routes_slow_map(client: Client) -> None:
+    caller = await start(client, tail=500, word_delay=0.02, custom_delay=1.0)
+    await ask(caller, "go")
+    await chunks(caller, 2)
+    await caller.emit(CustomReceived(metadata={"slow": True}))  # the owner's .map() sleeps 1 s
+    await asyncio.sleep(0.05)
+    await caller.emit(UserStartedSpeaking())
+    note = await client.wait_note(caller, "cancelled", timeout=T)
+    assert note == "cancelled:custom_seen=0", "the interrupt waited for the slow .map() to finish"
+    await caller.wait_interrupted(1)
 
 
 async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, rabbitmq_url: str) -> None:

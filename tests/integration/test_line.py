@@ -3,7 +3,7 @@ distributed services: a real ``python -m services.reasoning`` process, real Rabb
 
 The process runs ``tests.integration.line_agents:by_option``, which starts the ``handle_new_call`` a
 session's options name. The test process plays the caller and the client edge with
-:class:`bargein.caller.Caller`; node state is read back from the owner's checkpoint in Redis.
+:class:`bargein.testing.caller.Caller`; node state is read back from the owner's checkpoint in Redis.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from bargein.caller import Caller
+from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.examples import line_background, line_counter, line_storyteller
 from bargein.line.events import (
     AgentGenerationComplete,
     AgentResponse,
@@ -23,14 +24,13 @@ from bargein.line.events import (
     EndCall,
     UserStartedSpeaking,
 )
-from bargein.llm import DEFAULT_REPLIES
-from bargein.names import TIER_REASONING, lease_key
-from services.reasoning.agents import line_background, line_counter, line_storyteller
+from bargein.testing.caller import Caller
+from bargein.wire.names import TIER_REASONING, lease_key
 
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, T, ask, chunks, connected_client, text_of
 
-AGENTS = "services.reasoning.agents"
+AGENTS = "bargein.examples"
 
 
 @pytest.fixture(scope="module")

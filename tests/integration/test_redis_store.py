@@ -12,8 +12,8 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.errors import StaleEpochError
-from bargein.names import Tier, epoch_key, lease_key, session_directory_key, state_key
-from bargein.redis_store import RedisStateStore
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
 
 TIER: Tier = "reasoning"
 TIERS: tuple[Tier, ...] = get_args(Tier)

@@ -1,7 +1,7 @@
 """The speech tier over RabbitMQ and Redis, with real processes: a barge-in from audio, end to end.
 
 One ``python -m services.speech`` and one ``python -m services.reasoning`` process serve the tests.
-The test process plays the caller and the client edge (:class:`bargein.caller.Caller` on its own
+The test process plays the caller and the client edge (:class:`bargein.testing.caller.Caller` on its own
 RabbitMQ connection): it creates each session for both tiers, streams fixture audio as 20 ms
 AudioFrames (faster than real time: the policy counts windows, so timing does not depend on the
 wall clock), and watches what a client would receive. The reasoning process runs
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bargein.caller import Caller
-from bargein.envelope import Envelope
-from bargein.events import AgentResponse, AudioFrame, SessionError
-from bargein.names import IN, TIER_REASONING, TIER_SPEECH
+from bargein.agent.events import AgentResponse, AudioFrame, SessionError
+from bargein.testing.caller import Caller
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
 from tests.speech import frames, pcm, speech_marks
 
 from .cluster import Cluster, cluster_env, reset_shared_queues

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.examples import line_background, line_counter, line_echo, line_storyteller
 from bargein.line import ConversationContext
 from bargein.line.events import (
     AgentGenerationComplete,
@@ -17,9 +19,7 @@ from bargein.line.events import (
     UserStartedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.llm import DEFAULT_REPLIES
 from bargein.testing import LocalSession
-from services.reasoning.agents import line_background, line_counter, line_echo, line_storyteller
 
 from . import ask, chunks, text_of, wait_for
 

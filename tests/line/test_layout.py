@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import bargein
-from bargein import context, message, nodes, route, system
+from bargein.agent import context, message, nodes, routes
+from bargein.line import system
 
 LAYOUT: dict[str, list[str]] = {
     "bargein.line": [
@@ -65,8 +66,8 @@ LAYOUT: dict[str, list[str]] = {
 }
 
 SAME_AS_BARGEIN: dict[str, Any] = {
-    "Bridge": route.Bridge,
-    "RouteBuilder": route.Route,
+    "Bridge": routes.Bridge,
+    "RouteBuilder": routes.Route,
     "Message": message.Message,
     "Node": nodes.Node,
     "ReasoningNode": nodes.ReasoningNode,
@@ -202,12 +203,13 @@ LINE_EVENTS: list[tuple[str, dict[str, Any]]] = [
 @pytest.mark.parametrize("name, fields", LINE_EVENTS, ids=[n for n, _ in LINE_EVENTS])
 def test_line_events_take_lines_fields_and_cross_the_wire(name: str, fields: dict[str, Any]) -> None:
     from bargein.line.bus import Message
+    from bargein.wire.envelope import decode_message, encode_message
 
     cls = getattr(_line_events(), name)
     event = cls(**fields)
     for key, value in fields.items():
         assert getattr(event, key) == value
-    decoded = Message.decode(Message(event=event, session="s1").encode()).event
+    decoded = decode_message(encode_message(Message(event=event, session="s1"))).event
     assert decoded == event
 
 

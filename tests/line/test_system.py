@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bargein.errors import BargeinError
+from bargein.examples import line_counter, line_echo
 from bargein.line import (
     Bridge,
     CallRequest,
@@ -30,7 +31,6 @@ from bargein.line.events import (
     UserTranscriptionReceived,
 )
 from bargein.testing import LocalSession
-from services.reasoning.agents import line_counter, line_echo
 
 from . import Speaker, ask, line_agent, text_of, wait_for
 

@@ -14,7 +14,7 @@ def test_demo_runs_a_conversation_with_a_barge_in() -> None:
     env.pop("BARGEIN_LLM_BASE_URL", None)
     env.pop("BARGEIN_AGENT", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "bargein.cli", "demo", "--scripted"],
+        [sys.executable, "-m", "bargein.tools.cli", "demo", "--scripted"],
         env=env,
         capture_output=True,
         text=True,

@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from bargein.envelope import Envelope
-from bargein.errors import RouteError
-from bargein.events import (
+from bargein.agent.events import (
     AgentError,
     AgentHandoff,
     AgentResponse,
@@ -23,11 +21,13 @@ from bargein.events import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.message import Message
-from bargein.nodes import Node
-from bargein.route import Bridge, Route
-from bargein.runtime import SessionInfo
+from bargein.agent.message import Message
+from bargein.agent.nodes import Node
+from bargein.agent.routes import Bridge, Route
+from bargein.errors import RouteError
 from bargein.testing import LocalSession
+from bargein.wire.envelope import Envelope
+from bargein.wire.session_info import SessionInfo
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,16 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from bargein.envelope import DEFAULT_MAX_BYTES, WIRE_VERSION, Envelope, decode, encode, validate_session_id
-from bargein.errors import (
-    EnvelopeError,
-    InvalidEnvelope,
-    InvalidSessionId,
-    MessageTooLarge,
-    UndecodableMessage,
-    UnknownEventType,
-)
-from bargein.events import (
+from bargein.agent.events import (
     AgentGenerationComplete,
     AgentHandoff,
     AgentResponse,
@@ -33,12 +24,26 @@ from bargein.events import (
     event_type,
     registered_event_types,
 )
-from bargein.llm import ScriptedLLM
-from bargein.memory import MemoryBroker, MemoryTransport
-from bargein.nodes import ReasoningNode
-from bargein.route import Bridge
-from bargein.runtime import SessionInfo
+from bargein.errors import (
+    EnvelopeError,
+    InvalidEnvelope,
+    InvalidSessionId,
+    MessageTooLarge,
+    UndecodableMessage,
+    UnknownEventType,
+)
 from bargein.testing import LocalSession
+from bargein.transport.memory import MemoryBroker, MemoryTransport
+from bargein.wire.envelope import (
+    DEFAULT_MAX_BYTES,
+    WIRE_VERSION,
+    Envelope,
+    decode,
+    encode,
+    validate_session_id,
+)
+
+from ..agents import interruptible_agent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -575,20 +580,8 @@ async def test_memory_transport_only_delivers_its_own_session_and_direction() ->
 REPLY = "Sure thing, here it is."
 
 
-def make_agent(llm: ScriptedLLM) -> Any:
-    def agent(session: SessionInfo) -> Bridge:
-        node = ReasoningNode(llm_client=llm)
-        bridge = Bridge(node)
-        bridge.on(UserTranscriptionReceived).map(node.add_event)
-        bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
-        return bridge
-
-    return agent
-
-
 async def test_session_keeps_working_after_bad_messages() -> None:
-    llm = ScriptedLLM([REPLY], first_token_delay=0.0, tokens_per_second=500)
-    async with LocalSession(make_agent(llm)) as s:
+    async with LocalSession(interruptible_agent(replies=(REPLY,), tokens_per_second=500)) as s:
         sid = s.session_id
         bad: list[tuple[str, bytes]] = [
             ("undecodable", b"\xc1garbage"),

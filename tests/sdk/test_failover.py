@@ -13,17 +13,13 @@ from typing import Any
 from bargein import (
     AgentGenerationComplete,
     AgentResponse,
-    Bridge,
     Message,
     ReasoningNode,
-    SessionInfo,
     UserStartedSpeaking,
-    UserStoppedSpeaking,
-    UserTranscriptionReceived,
 )
-from bargein.llm import ScriptedLLM
 from bargein.testing import LocalSession
 
+from ..agents import interruptible_agent, scripted
 from .helpers import ask, history, reply_text, take_chunks, wait_for
 
 FIRST = " ".join(f"a{i}" for i in range(30))
@@ -33,9 +29,7 @@ handler_calls: list[str] = []
 
 class Node(ReasoningNode):
     def __init__(self) -> None:
-        super().__init__(
-            llm_client=ScriptedLLM([FIRST, SECOND], first_token_delay=0.005, tokens_per_second=100)
-        )
+        super().__init__(llm_client=scripted(FIRST, SECOND))
 
     async def on_interrupt_generate(self, message: Message) -> None:
         handler_calls.append(f"start:{self.id}")
@@ -43,17 +37,7 @@ class Node(ReasoningNode):
         handler_calls.append(f"end:{self.id}")
 
 
-def agent(session: SessionInfo) -> Bridge:
-    node = Node()
-    bridge = Bridge(node)
-    bridge.on(UserTranscriptionReceived).map(node.add_event)
-    (
-        bridge.on(UserStoppedSpeaking)
-        .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
-        .stream(node.generate)
-        .broadcast()
-    )
-    return bridge
+agent = interruptible_agent(Node)
 
 
 async def _rest_of_turn(s: LocalSession) -> list[Any]:
@@ -134,8 +118,8 @@ async def test_stale_owner_output_is_dropped_at_the_edge() -> None:
         await take_chunks(s, 2)
         await s.crash()
         await _rest_of_turn(s)
-        from bargein.envelope import Envelope
-        from bargein.names import OUT
+        from bargein.wire.envelope import Envelope
+        from bargein.wire.names import OUT
 
         late = Envelope.wrap(s.session_id, AgentResponse(content="STALE"), turn=1, seq=99, epoch=1)
         await s.transport.publish(late, OUT)

@@ -19,10 +19,10 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.envelope import Envelope
-from bargein.llm import ScriptedLLM
-from bargein.names import IN
+from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN
 
 from .helpers import ask, reply_text, take_chunks, wait_for
 

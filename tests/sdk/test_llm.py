@@ -23,8 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bargein.errors import BargeinError
-from bargein.llm import (
+from bargein.agent.llm import (
     DEFAULT_REPLIES,
     Chunk,
     LLMClient,
@@ -33,6 +32,7 @@ from bargein.llm import (
     ScriptedLLM,
     llm_from_settings,
 )
+from bargein.errors import BargeinError
 from bargein.settings import LLMSettings
 
 pytestmark = pytest.mark.timeout(30)

@@ -4,32 +4,21 @@ from __future__ import annotations
 
 from bargein import (
     AgentGenerationComplete,
-    Bridge,
     FalseInterruption,
     ReasoningNode,
-    SessionInfo,
     UserStartedSpeaking,
-    UserStoppedSpeaking,
-    UserTranscriptionReceived,
 )
-from bargein.llm import ScriptedLLM
+from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
 
+from ..agents import interruptible_agent
 from .helpers import ask, history, reply_text, take_chunks, wait_for
 
 FIRST = " ".join(f"a{i}" for i in range(30))
 SECOND = " ".join(f"b{i}" for i in range(30))
 
 
-def agent(session: SessionInfo) -> Bridge:
-    node = ReasoningNode(
-        llm_client=ScriptedLLM([FIRST, SECOND], first_token_delay=0.005, tokens_per_second=100)
-    )
-    bridge = Bridge(node)
-    bridge.on(UserTranscriptionReceived).map(node.add_event)
-    bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
-    bridge.on(FalseInterruption).interrupt_on(UserStartedSpeaking).stream(node.resume).broadcast()
-    return bridge
+agent = interruptible_agent(replies=(FIRST, SECOND), resume=True)
 
 
 async def test_a_cough_resumes_the_answer_where_the_caller_stopped_hearing_it() -> None:
@@ -82,7 +71,7 @@ async def test_a_new_question_makes_the_cut_off_answer_history() -> None:
 
 
 async def test_the_default_agent_resumes_after_a_cough() -> None:
-    from services.reasoning.agents import default
+    from bargein.examples import default
 
     async with LocalSession(default.agent) as s:
         node = s.nodes[0]

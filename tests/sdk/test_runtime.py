@@ -22,11 +22,11 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.envelope import Envelope
 from bargein.errors import StaleEpochError
-from bargein.memory import MemoryStateStore
-from bargein.names import IN
 from bargein.testing import LocalSession
+from bargein.transport.memory import MemoryStateStore
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN
 
 from .helpers import reply_text
 
@@ -48,7 +48,7 @@ async def test_events_are_handled_in_the_order_they_were_published() -> None:
         for i in range(200):  # published back to back, without waiting for each
             env = Envelope.wrap(s.session_id, UserTranscriptionReceived(content=str(i)), seq=i)
             await s.transport.publish(env, IN)
-        await s.broker.settle()
+        await s.settle()
         assert seen == [str(i) for i in range(200)]
 
 
@@ -204,7 +204,7 @@ async def test_other_bridges_hear_a_nodes_broadcasts() -> None:
     ],
 )
 async def test_owner_tells_the_edge_which_events_always_interrupt(agent: str, policy: set[str]) -> None:
-    from services.reasoning.agents import seed
+    from bargein.examples import seed
 
     async with LocalSession(getattr(seed, agent)) as s:
         await s.broker.settle()

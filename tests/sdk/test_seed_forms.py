@@ -1,6 +1,6 @@
 """Every form of the seed (interruption-handling.txt) runs as written, in process.
 
-Each test drives one of the runnable seed agents in ``services.reasoning.agents.seed`` through a
+Each test drives one of the runnable seed agents in ``bargein.examples.seed`` through a
 turn, a barge-in and the next turn, and asserts what Line 0.1 documented but did not do: async
 handlers are awaited, ``condition=`` is honoured both ways, lists interrupt on each of their
 events, and nothing of a cancelled turn reaches the caller.
@@ -22,9 +22,9 @@ from bargein import (
     UserStartedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.llm import ScriptedLLM
+from bargein.agent.llm import ScriptedLLM
+from bargein.examples import seed
 from bargein.testing import LocalSession
-from services.reasoning.agents import seed
 
 from .helpers import ask, reply_text, take_chunks
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bargein.errors import BargeinError, SettingsError
-from bargein.loader import load_agent
+from bargein.hosting.loader import load_agent
 from bargein.settings import CoreSettings, LLMSettings, load
 
 pytestmark = pytest.mark.timeout(90)
@@ -36,7 +36,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_defaults_load_from_an_empty_environment() -> None:
     core = load(CoreSettings)
-    assert core.agent == "services.reasoning.agents.default:agent"
+    assert core.agent == "bargein.examples.default:agent"
     assert core.max_message_bytes == 256 * 1024
     assert core.log_level == "INFO"
     llm = load(LLMSettings)
@@ -138,22 +138,29 @@ def test_overrides_are_validated_too() -> None:
 
 
 def test_load_agent_good_spec_returns_a_callable() -> None:
-    agent = load_agent("services.reasoning.agents.default:agent")
+    agent = load_agent("bargein.examples.default:agent")
     assert callable(agent)
-    from services.reasoning.agents.default import agent as expected
+    from bargein.examples.default import agent as expected
 
     assert agent is expected
+
+
+def test_load_agent_takes_the_examples_by_their_old_name(caplog: pytest.LogCaptureFixture) -> None:
+    from bargein.examples.seed import stateful
+
+    assert load_agent("services.reasoning.agents.seed:stateful") is stateful
+    assert "is now bargein.examples.seed" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
         ("no_such_module_bargein_test:agent", "cannot import 'no_such_module_bargein_test'"),
-        ("services.reasoning.agents.nope:agent", "cannot import 'services.reasoning.agents.nope'"),
-        ("services.reasoning.agents.default:no_such_attr", "no callable 'no_such_attr'"),
-        ("services.reasoning.agents.default:SYSTEM_PROMPT", "no callable 'SYSTEM_PROMPT'"),
-        ("services.reasoning.agents.default", "must look like module:attribute"),
-        ("services.reasoning.agents.default:", "must look like module:attribute"),
+        ("bargein.examples.nope:agent", "cannot import 'bargein.examples.nope'"),
+        ("bargein.examples.default:no_such_attr", "no callable 'no_such_attr'"),
+        ("bargein.examples.default:SYSTEM_PROMPT", "no callable 'SYSTEM_PROMPT'"),
+        ("bargein.examples.default", "must look like module:attribute"),
+        ("bargein.examples.default:", "must look like module:attribute"),
         (":agent", "must look like module:attribute"),
         ("", "must look like module:attribute"),
         (".relative.module:agent", ".relative.module"),
@@ -179,7 +186,7 @@ def run_cli(*args: str, **env_overrides: str) -> subprocess.CompletedProcess[str
         filter(None, [str(REPO / "shared"), str(REPO), env.get("PYTHONPATH")])
     )
     return subprocess.run(
-        [sys.executable, "-m", "bargein.cli", *args],
+        [sys.executable, "-m", "bargein.tools.cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bargein import Bridge, ReasoningNode, SessionInfo, UserStartedSpeaking, UserStoppedSpeaking
-from bargein.llm import ScriptedLLM
+from bargein import UserStartedSpeaking, UserStoppedSpeaking
 from bargein.testing import LocalSession
 from bargein.tracing import context_of, tracer
 
+from ..agents import interruptible_agent
 from .helpers import take_chunks, wait_for
 
 _EXPORTER = InMemorySpanExporter()
@@ -37,13 +37,7 @@ def clean() -> None:
     _EXPORTER.clear()
 
 
-def agent(session: SessionInfo) -> Bridge:
-    node = ReasoningNode(
-        llm_client=ScriptedLLM(["a b c d e f g h"], first_token_delay=0.005, tokens_per_second=50)
-    )
-    bridge = Bridge(node)
-    bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
-    return bridge
+agent = interruptible_agent(replies=("a b c d e f g h",), tokens_per_second=50)
 
 
 def spans(name: str) -> list[ReadableSpan]:

@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bargein import AgentGenerationComplete, Bridge, ReasoningNode, SessionInfo, UserStoppedSpeaking
-from bargein.caller import Caller
-from bargein.envelope import new_session_id
-from bargein.host import SessionHost
-from bargein.llm import ScriptedLLM
-from bargein.memory import MemoryBroker, MemoryStateStore, MemoryTransport
-from bargein.names import TIER_REASONING
-from bargein.runtime import SessionRuntime
-from bargein.sessions import create_session
-from bargein.worker import Worker
+from bargein.agent.llm import ScriptedLLM
+from bargein.hosting.host import SessionHost
+from bargein.hosting.sessions import create_session
+from bargein.hosting.worker import Worker
+from bargein.runtime.session import SessionRuntime
+from bargein.testing.caller import Caller
+from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
+from bargein.wire.envelope import new_session_id
+from bargein.wire.names import TIER_REASONING
 
 from .helpers import reply_text, take_chunks, wait_for
 

@@ -17,35 +17,30 @@ from typing import Any
 
 import pytest
 
-from bargein.envelope import Envelope, new_session_id
-from bargein.errors import SettingsError
-from bargein.events import (
+from bargein.agent.events import (
+    SAMPLE_RATE,
     AudioFrame,
     Event,
     FalseInterruption,
     SessionError,
+    SessionErrorCode,
     UserStartedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.host import SessionHost
-from bargein.memory import MemoryBroker, MemoryStateStore, MemoryTransport
-from bargein.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH
-from bargein.runtime import SessionInfo
-from bargein.sessions import create_session
+from bargein.errors import SettingsError
+from bargein.hosting.host import SessionHost
+from bargein.hosting.sessions import create_session
+from bargein.hosting.worker import Worker
 from bargein.settings import CoreSettings, SpeechSettings, load
-from bargein.turns import Emission
-from bargein.vad import SAMPLE_RATE, WINDOW_BYTES, shared_model
-from bargein.worker import Worker
-from services.speech.batcher import VadBatcher
-from services.speech.processor import (
-    BAD_FRAME_LENGTH,
-    BAD_TURN_TAKING,
-    FRAME_TOO_LARGE,
-    SpeechSession,
-    SpeechSessions,
-    speech_factory,
-)
-from services.speech.transcriber import NullTranscriber, Transcriber
+from bargein.speech.batcher import VadBatcher
+from bargein.speech.session import SpeechSession, SpeechSessions, speech_factory
+from bargein.speech.transcriber import NullTranscriber, Transcriber
+from bargein.speech.turns import Emission
+from bargein.speech.vad import WINDOW_BYTES, shared_model
+from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
+from bargein.wire.envelope import Envelope, new_session_id
+from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH
+from bargein.wire.session_info import SessionInfo
 
 from . import TOLERANCE_MS, pcm, speech_marks
 
@@ -269,9 +264,9 @@ async def test_bad_frames_are_reported_and_the_session_carries_on() -> None:
         errors = [event for _, event in session.to_edge]
         assert all(isinstance(e, SessionError) for e in errors)
         assert [e.code for e in errors if isinstance(e, SessionError)] == [
-            BAD_FRAME_LENGTH,
-            FRAME_TOO_LARGE,
-            BAD_FRAME_LENGTH,
+            SessionErrorCode.BAD_AUDIO_FRAME,
+            SessionErrorCode.FRAME_TOO_LARGE,
+            SessionErrorCode.BAD_AUDIO_FRAME,
         ]
         assert "641 bytes" in errors[0].message if isinstance(errors[0], SessionError) else False
         assert session.runtime.counters["bad_frames"] == 3
@@ -298,7 +293,7 @@ async def test_bad_turn_taking_options_are_reported_and_defaults_used(rig: Rig) 
     await session.stream(pcm("one_utterance.wav"))
     await session.expect(["UserStartedSpeaking", "UserStoppedSpeaking"])
     ((_, error),) = session.to_edge
-    assert isinstance(error, SessionError) and error.code == BAD_TURN_TAKING
+    assert isinstance(error, SessionError) and error.code == SessionErrorCode.BAD_TURN_TAKING
     assert "min_silence_ms" in error.message or "speed" in error.message
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from bargein.events import FalseInterruption, UserStartedSpeaking, UserStoppedSpeaking
+from bargein.agent.events import FalseInterruption, UserStartedSpeaking, UserStoppedSpeaking
 from bargein.settings import SpeechSettings
-from bargein.turns import Emission, TurnConfig, TurnPolicy, TurnTakingError
-from bargein.vad import VadStream, pcm16_to_float
+from bargein.speech.turns import Emission, TurnConfig, TurnPolicy, TurnTakingError
+from bargein.speech.vad import VadStream, pcm16_to_float
 
 from . import TOLERANCE_MS, pcm, speech_marks
 from .test_vad import windows_of

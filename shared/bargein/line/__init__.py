@@ -21,9 +21,14 @@ from bargein.line.call_request import AgentConfig, CallRequest, PreCallResult
 from bargein.line.nodes.conversation_context import ConversationContext
 from bargein.line.nodes.reasoning import Node, ReasoningNode
 from bargein.line.routes import RouteBuilder
+from bargein.line.system import LineAdapter
 from bargein.line.user_bridge import register_observability_event
 from bargein.line.voice_agent_app import VoiceAgentApp
 from bargein.line.voice_agent_system import VoiceAgentSystem
+from bargein.runtime.agents import register_adapter
+
+# Importing any bargein.line module (every Line agent does) teaches the runtime Line's agent style.
+register_adapter(LineAdapter())
 
 __all__ = [
     "AgentConfig",

@@ -7,6 +7,6 @@ bargein's name for ``filter_fn=``.
 
 from __future__ import annotations
 
-from bargein.route import Bridge
+from bargein.agent.routes import Bridge
 
 __all__ = ["Bridge"]

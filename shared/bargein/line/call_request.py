@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bargein.system import AgentConfig, CallRequest
+from bargein.line.system import AgentConfig, CallRequest
 
 
 @dataclass

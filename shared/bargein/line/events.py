@@ -1,6 +1,6 @@
 """``line.events``: the events of Cartesia Line 0.1, under the names and fields Line gave them.
 
-These are bargein's own event classes (:mod:`bargein.events`), not copies: an agent that imports
+These are bargein's own event classes (:mod:`bargein.agent.events`), not copies: an agent that imports
 ``UserStartedSpeaking`` from here and one that imports it from ``bargein`` talk about the same class,
 so migrated and native agents can share a session.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from bargein.events import (
+from bargein.agent.events import (
     AgentError,
     AgentGenerationComplete,
     AgentHandoff,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bargein.events import Event
-from bargein.message import Message
-from bargein.route import Bridge
+from bargein.agent.events import Event
+from bargein.agent.message import Message
+from bargein.agent.routes import Bridge
 
 log = logging.getLogger("bargein.line.observability")
 

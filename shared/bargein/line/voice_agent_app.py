@@ -22,8 +22,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, TextIO, cast
 
-from bargein.errors import BargeinError
-from bargein.events import (
+from bargein.agent.events import (
     AgentError,
     AgentGenerationComplete,
     AgentResponse,
@@ -32,9 +31,10 @@ from bargein.events import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
+from bargein.errors import BargeinError
 from bargein.line.call_request import PreCallResult
-from bargein.runtime import Agent
-from bargein.system import CallRequest, VoiceAgentSystem
+from bargein.line.system import CallRequest, VoiceAgentSystem
+from bargein.runtime.agents import Agent
 from bargein.testing import LocalSession
 
 CallHandler = Callable[[VoiceAgentSystem, CallRequest], Awaitable[None]]

@@ -7,6 +7,6 @@ checkpoint must find its nodes again in whichever process adopts the session.
 
 from __future__ import annotations
 
-from bargein.nodes import Node
+from bargein.agent.nodes import Node
 
 __all__ = ["Node"]

@@ -8,6 +8,6 @@ reported delivered, instead of Line's after-the-fact alignment of generated text
 
 from __future__ import annotations
 
-from bargein.context import ConversationContext
+from bargein.agent.context import ConversationContext
 
 __all__ = ["ConversationContext"]

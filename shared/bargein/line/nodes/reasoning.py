@@ -7,6 +7,6 @@ what the history keeps: an interrupted answer is recorded as the text the caller
 
 from __future__ import annotations
 
-from bargein.nodes import Node, ReasoningNode
+from bargein.agent.nodes import Node, ReasoningNode
 
 __all__ = ["Node", "ReasoningNode"]

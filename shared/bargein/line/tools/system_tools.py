@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from bargein.events import AgentResponse, EndCall, Event
+from bargein.agent.events import AgentResponse, EndCall, Event
 from bargein.line.tools.tool_types import ToolDefinition
 
 __all__ = ["EndCallArgs", "EndCallTool", "end_call"]

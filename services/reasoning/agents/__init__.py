@@ -1,4 +1,0 @@
-"""Runnable agents: the default one the demo and services use, and every seed example.
-
-Select one with ``BARGEIN_AGENT=services.reasoning.agents.<module>:<function>``.
-"""

@@ -1,0 +1,303 @@
+"""The events agents and services exchange.
+
+Every event is a pydantic model so that a payload read off the bus is validated field by field and
+never executed. Subclasses register themselves by class name; :func:`event_type` is the only way
+the codec turns a type name from the wire into a class, so an unknown name is rejected instead of
+imported.
+
+``control=True`` marks events that must overtake data (interrupts and their kin): the transports
+publish them at high priority.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Final
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bargein.errors import UnknownEventType
+
+__all__ = [
+    "SAMPLE_RATE",
+    "SAMPLE_WIDTH",
+    "AgentError",
+    "AgentGenerationComplete",
+    "AgentHandoff",
+    "AgentResponse",
+    "AgentSpeechSent",
+    "AgentStartedSpeaking",
+    "AgentStoppedSpeaking",
+    "AudioFrame",
+    "CustomReceived",
+    "DTMFInputEvent",
+    "DTMFOutputEvent",
+    "DTMFStoppedEvent",
+    "EmergencyStop",
+    "EndCall",
+    "Event",
+    "FalseInterruption",
+    "InterruptPolicy",
+    "LogMetric",
+    "SessionError",
+    "SessionErrorCode",
+    "SpeechDelivered",
+    "ToolCall",
+    "ToolResult",
+    "TransferCall",
+    "TurnInterrupted",
+    "UserStartedSpeaking",
+    "UserStoppedSpeaking",
+    "UserTranscriptionReceived",
+    "UserUnknownInputReceived",
+    "event_type",
+    "registered_event_types",
+]
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+
+class Event(BaseModel):
+    """Base of all events. Subclass it to define your own; the class name is its wire name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    control: ClassVar[bool] = False
+    # Which exchange carries it: "events", or "audio" for the high-rate, transient audio frames.
+    lane: ClassVar[str] = "events"
+
+    def __init_subclass__(cls, *, control: bool | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if control is not None:
+            cls.control = control
+        name = cls.__name__
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing.__module__ != cls.__module__:
+            raise TypeError(
+                f"event type name {name!r} is already defined in {existing.__module__}; "
+                "event class names must be unique because they are the wire name"
+            )
+        _REGISTRY[name] = cls
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+    def to_payload(self) -> dict[str, Any]:
+        """The fields as plain data for the wire: JSON-style values, except that ``bytes`` fields
+        stay bytes (msgpack carries them natively; base64 would cost a third more)."""
+        raw = [name for name, field in type(self).model_fields.items() if field.annotation is bytes]
+        payload = self.model_dump(mode="json", exclude=set(raw))
+        payload.update({name: getattr(self, name) for name in raw})
+        return payload
+
+
+def event_type(name: str) -> type[Event]:
+    """The registered event class called ``name``; :class:`UnknownEventType` otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownEventType(f"unknown event type {name!r}") from None
+
+
+def registered_event_types() -> dict[str, type[Event]]:
+    return dict(_REGISTRY)
+
+
+# --- the user's side of the conversation ---------------------------------------------------------
+
+
+class UserStartedSpeaking(Event, control=True):
+    """The caller began to speak: the usual barge-in."""
+
+
+class UserStoppedSpeaking(Event):
+    """The caller finished a turn: the usual trigger for a generation."""
+
+
+class UserTranscriptionReceived(Event):
+    content: str
+
+
+# --- the agent's side -----------------------------------------------------------------------------
+
+
+class AgentStartedSpeaking(Event):
+    pass
+
+
+class AgentStoppedSpeaking(Event):
+    pass
+
+
+class AgentResponse(Event):
+    content: str
+    chunk_type: str = "text"
+
+
+class AgentSpeechSent(Event):
+    """Text the client edge has actually delivered to the caller."""
+
+    content: str
+
+
+class AgentGenerationComplete(Event):
+    pass
+
+
+class AgentError(Event):
+    """Something went wrong on the agent's side. ``error`` is Line's field, ``message`` bargein's;
+    either may be given and both read the same."""
+
+    message: str = ""
+    error: str = ""
+    code: str = "agent_error"
+
+    @model_validator(mode="after")
+    def _same_text(self) -> AgentError:
+        if self.error and not self.message:
+            self.message = self.error
+        elif self.message and not self.error:
+            self.error = self.message
+        return self
+
+
+class ToolCall(Event):
+    tool_name: str
+    tool_args: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = None
+    raw_response: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResult(Event):
+    tool_name: str
+    tool_args: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+    tool_call_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def result_str(self) -> str | None:
+        if self.result is None:
+            return None
+        if isinstance(self.result, str):
+            return self.result
+        try:
+            return json.dumps(self.result)
+        except (TypeError, ValueError):
+            return str(self.result)
+
+    @property
+    def success(self) -> bool:
+        return self.error is None
+
+
+class LogMetric(Event):
+    name: str
+    value: Any = None
+
+
+class CustomReceived(Event):
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DTMFInputEvent(Event):
+    button: str
+
+
+class DTMFOutputEvent(Event):
+    button: str
+
+
+# --- audio and speech -----------------------------------------------------------------------------
+
+SAMPLE_RATE: Final = 16_000  # every AudioFrame: 16 kHz, mono, 16-bit little-endian PCM
+SAMPLE_WIDTH: Final = 2
+
+
+class AudioFrame(Event):
+    """Caller audio, 16 kHz mono PCM16 little-endian, any length (the speech tier re-chunks)."""
+
+    lane: ClassVar[str] = "audio"
+
+    data: bytes
+
+
+class FalseInterruption(Event):
+    """A burst of speech that ended quickly with no transcript (a cough, a 'hm'): the reasoning side
+    may resume the answer it cut off."""
+
+    duration_ms: float = 0.0
+
+
+class SessionError(Event):
+    """Something the caller sent could not be used (a bad audio frame, say); the edge shows it to
+    the client and the session carries on. ``code`` is one of :class:`SessionErrorCode`."""
+
+    code: str
+    message: str = ""
+
+
+class SessionErrorCode:
+    """What a :class:`SessionError` is about; the client protocol's error frames use the same codes."""
+
+    BAD_AUDIO_FRAME: Final = "bad_audio_frame"  # not whole 16-bit samples
+    FRAME_TOO_LARGE: Final = "frame_too_large"
+    BAD_TURN_TAKING: Final = "bad_turn_taking"  # the session's turn_taking options were not usable
+
+
+# --- control: these interrupt, stop or move the call ---------------------------------------------
+
+
+class EmergencyStop(Event, control=True):
+    reason: str = ""
+
+
+class AgentHandoff(Event, control=True):
+    target_agent: str = ""
+    reason: str = ""
+
+
+class EndCall(Event):
+    reason: str = ""
+
+
+class TransferCall(Event):
+    target_phone_number: str = ""
+    reason: str = ""
+    timeout_s: int | None = 30
+
+
+class DTMFStoppedEvent(Event):
+    """The agent finished sending DTMF tones."""
+
+
+class UserUnknownInputReceived(Event):
+    input_data: str = ""
+
+
+# --- runtime control between the reasoning side and the client edge -------------------------------
+
+
+class TurnInterrupted(Event, control=True):
+    """Published by the session's owner the moment it cancels a turn: the edge must drop every chunk
+    of ``turn`` and earlier and tell clients to stop playing it."""
+
+    turn: int
+
+
+class InterruptPolicy(Event, control=True):
+    """Published by a session's owner when it starts: the caller-side events that cut off the
+    agent's turn with no condition attached. On those the edge clears clients at once, without
+    waiting for the owner's TurnInterrupted (which still follows, and covers conditional ones)."""
+
+    events: list[str]
+
+
+class SpeechDelivered(Event):
+    """Published by the client edge: chunks ``seq <= seq`` of ``turn`` reached (or were played by) the
+    caller. The owner cuts an interrupted assistant message to exactly these chunks."""
+
+    turn: int
+    seq: int

@@ -1,0 +1,142 @@
+"""The HTTP and WebSocket surface of the edge (docs/protocol.md), on Starlette.
+
+Handlers only translate between the wire and :class:`~bargein.edge.core.Edge`: parse and
+check what a client sent, answer with the protocol's frames and codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from bargein import tracing
+from bargein.edge.core import Connection, Edge
+from bargein.edge.protocol import ErrorCode, ErrorFrame, ProtocolError, SessionRequest, frame_json, parse
+from bargein.edge.tokens import ROLES, Role, TokenError, Tokens
+from bargein.wire.envelope import SESSION_ID_PATTERN
+
+log = logging.getLogger("bargein.edge.http")
+
+STATIC = Path(__file__).resolve().parent / "static"
+CLOSE_BAD_TOKEN = 4401
+CLOSE_UNKNOWN_SESSION = 4404
+
+
+def _bad_request(message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": "bad_request", "message": message}}, status_code=400)
+
+
+def create_app(edge: Edge, tokens: Tokens, *, public_url: str | None = None, ready: Any = None) -> Starlette:
+    async def create_session(request: Request) -> Response:
+        try:
+            body = SessionRequest.parse(await request.body())
+        except ProtocolError as exc:
+            return _bad_request(exc.message)
+        session_id = await edge.create_session(body.agent_options, body.turn_taking)
+        base = public_url or str(request.base_url).rstrip("/")
+        ws_base = base.replace("https://", "wss://").replace("http://", "ws://")
+        return JSONResponse(
+            {
+                "session_id": session_id,
+                "token": tokens.issue(session_id, "caller"),
+                "listener_token": tokens.issue(session_id, "listener"),
+                "ws_url": f"{ws_base}/v1/sessions/{session_id}/ws",
+            },
+            status_code=201,
+        )
+
+    async def session_socket(ws: WebSocket) -> None:
+        session_id = ws.path_params["session_id"]
+        role_param = ws.query_params.get("role", "caller")
+        await ws.accept()
+        try:
+            if role_param not in ROLES:
+                raise TokenError(f"role must be one of {ROLES}")
+            role: Role = "caller" if role_param == "caller" else "listener"
+            tokens.check(ws.query_params.get("token"), session_id, role)
+        except TokenError as exc:
+            edge.count("bad_tokens")
+            await ws.send_json(frame_json(ErrorFrame(code=ErrorCode.INVALID_TOKEN, message=str(exc))))
+            await ws.close(CLOSE_BAD_TOKEN)
+            return
+        if not SESSION_ID_PATTERN.fullmatch(session_id) or not await edge.known(session_id):
+            unknown = ErrorFrame(code=ErrorCode.UNKNOWN_SESSION, message=f"no session {session_id!r}")
+            await ws.send_json(frame_json(unknown))
+            await ws.close(CLOSE_UNKNOWN_SESSION)
+            return
+        connection = await edge.join(session_id, ws, role, ws.query_params.get("reports") == "played")
+        try:
+            while True:
+                incoming = await ws.receive()
+                if incoming["type"] == "websocket.disconnect":
+                    break
+                reply = await _handle_incoming(incoming, connection)
+                if reply is not None:
+                    connection.outbox.put_first(reply)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            edge.leave(connection)
+
+    async def _handle_incoming(incoming: Mapping[str, Any], connection: Connection) -> ErrorFrame | None:
+        if connection.role != "caller":
+            return ErrorFrame(code=ErrorCode.LISTENER_CANNOT_SEND, message="listeners only receive")
+        data = incoming.get("bytes")
+        if data is not None:
+            return await edge.client_audio(connection, data)
+        try:
+            message = parse(incoming.get("text") or "")
+        except ProtocolError as exc:
+            edge.count(f"bad_{exc.code}")
+            return exc.frame()
+        with tracing.span(
+            f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
+        ):
+            await edge.client_message(connection, message)
+        return None
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        problems = await ready() if ready is not None else []
+        if problems:
+            return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def index(request: Request) -> Response:
+        page = STATIC / "index.html"
+        if not page.exists():
+            return JSONResponse({"error": "the web client is not installed"}, status_code=404)
+        return FileResponse(page)
+
+    routes = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/v1/sessions", create_session, methods=["POST"]),
+        WebSocketRoute("/v1/sessions/{session_id}/ws", session_socket),
+    ]
+    if STATIC.is_dir():
+        routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await edge.start()
+        try:
+            yield
+        finally:
+            await edge.stop()
+
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,464 @@
+"""The edge's core: sessions, connections, fencing, and the bus on both sides.
+
+Each broadcast process has one queue of its own (:meth:`Transport.open_edge_queue`) bound to the
+sessions it has clients for; :meth:`Edge.on_event` takes every event from it, in order, and turns
+it into frames for that session's connections. Nothing of an interrupted turn passes the session's
+:class:`~bargein.wire.fence.TurnFence`; frames already queued for a connection are purged on ``clear``.
+
+Each connection has a bounded :class:`Outbox` drained by its own writer task, so one slow client
+can only fill its own outbox; when that overflows the client is told ``slow_client`` and cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from starlette.websockets import WebSocket
+
+from bargein.agent.events import (
+    SAMPLE_WIDTH,
+    AgentError,
+    AgentGenerationComplete,
+    AgentResponse,
+    AudioFrame,
+    EndCall,
+    Event,
+    FalseInterruption,
+    InterruptPolicy,
+    SessionError,
+    SpeechDelivered,
+    TurnInterrupted,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.agent.message import Source
+from bargein.edge.protocol import (
+    TURN_FRAMES,
+    AgentChunk,
+    Clear,
+    End,
+    Ended,
+    ErrorCode,
+    ErrorFrame,
+    Interrupt,
+    Played,
+    SpeakingStarted,
+    SpeakingStopped,
+    TextTurn,
+    TurnComplete,
+    frame_json,
+)
+from bargein.edge.tokens import Role
+from bargein.hosting.sessions import create_session, forget_session
+from bargein.settings import BroadcastSettings
+from bargein.transport.abc import EdgeQueue, StateStore, Transport
+from bargein.wire.envelope import Envelope, new_session_id
+from bargein.wire.fence import TurnFence
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, edge_queue
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.edge")
+
+Frame = AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended
+CLOSE_SLOW = 1013
+CLOSE_GOING_AWAY = 1001
+HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
+IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
+
+
+def _turn_of(frame: Frame) -> int:
+    """The turn a frame belongs to (0: none; session-level frames are never purged)."""
+    return frame.turn if isinstance(frame, TURN_FRAMES) else 0
+
+
+class Outbox:
+    """Frames waiting to be written to one connection, at most ``limit`` of them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.frames: collections.deque[Frame] = collections.deque()
+        self._ready = asyncio.Event()
+
+    def put(self, frame: Frame) -> bool:
+        if len(self.frames) >= self.limit:
+            return False
+        self.frames.append(frame)
+        self._ready.set()
+        return True
+
+    def put_first(self, frame: Frame) -> None:
+        """Control frames (``clear``, errors) go ahead of everything queued, whatever the limit."""
+        self.frames.appendleft(frame)
+        self._ready.set()
+
+    def purge_turns(self, upto: int) -> int:
+        kept = [f for f in self.frames if not 0 < _turn_of(f) <= upto]
+        dropped = len(self.frames) - len(kept)
+        self.frames = collections.deque(kept)
+        return dropped
+
+    async def get(self) -> Frame:
+        while not self.frames:
+            self._ready.clear()
+            await self._ready.wait()
+        return self.frames.popleft()
+
+
+class Connection:
+    def __init__(
+        self, ws: WebSocket, session: EdgeSession, role: Role, reports_played: bool, limit: int
+    ) -> None:
+        self.ws = ws
+        self.session = session
+        self.role = role
+        self.reports_played = reports_played
+        self.outbox = Outbox(limit)
+        self.closed = False
+        self.writer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.writer = asyncio.create_task(self._write(), name=f"ws-writer:{self.session.session_id}")
+
+    def send(self, frame: Frame) -> None:
+        if self.closed:
+            return
+        if not self.outbox.put(frame):
+            self.closed = True  # from now on nothing more is queued for it
+            self.session.edge.count("slow_clients")
+            log.warning(
+                "session %s: a %s fell %d frames behind; disconnecting it",
+                self.session.session_id,
+                self.role,
+                self.outbox.limit,
+            )
+            slow = ErrorFrame(code=ErrorCode.SLOW_CLIENT, message="too far behind")
+            self.session.edge.spawn(self._shut(CLOSE_SLOW, slow))
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                frame = await self.outbox.get()
+                await self.ws.send_json(frame_json(frame))
+                if isinstance(frame, AgentChunk) and self.role == "caller" and not self.reports_played:
+                    self.session.delivered(frame.turn, frame.seq)
+        except Exception as exc:  # the socket went away; the endpoint's receive loop notices too
+            log.debug("writer for session %s stopped: %s", self.session.session_id, exc)
+            self.closed = True
+
+    async def close(self, code: int = 1000, last: Frame | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self._shut(code, last)
+
+    async def _shut(self, code: int, last: Frame | None) -> None:
+        if self.writer is not None:
+            self.writer.cancel()
+        if last is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):  # a stuck client may never take it
+                    await self.ws.send_json(frame_json(last))
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self.ws.close(code)
+
+
+class EdgeSession:
+    """One session as this edge process sees it."""
+
+    def __init__(self, edge: Edge, session_id: str) -> None:
+        self.edge = edge
+        self.session_id = session_id
+        self.connections: set[Connection] = set()
+        self.fence = TurnFence()
+        self.policy: set[str] = set()
+        self.highest_turn = 0
+        self.completed: set[int] = set()
+        self.history: collections.deque[Frame] = collections.deque(maxlen=HISTORY_FRAMES)
+        self.joined_once = False
+        self.reports: dict[int, int] = {}
+        self.ended = False
+        self.idle_since: float | None = time.monotonic()
+
+    def broadcast(self, frame: Frame) -> None:
+        self.history.append(frame)
+        for connection in list(self.connections):
+            connection.send(frame)
+
+    def attach(self, connection: Connection) -> None:
+        replay = (
+            list(self.history)
+            if not self.joined_once
+            else [
+                f
+                for f in self.history
+                if _turn_of(f) == self.highest_turn and self.highest_turn not in self.completed
+            ]
+        )
+        self.joined_once = True
+        self.connections.add(connection)
+        self.idle_since = None
+        for frame in replay:
+            if not self.fence.is_fenced(_turn_of(frame)):
+                connection.send(frame)
+
+    def detach(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        if not self.connections:
+            self.idle_since = time.monotonic()
+
+    def clear(self, turn: int, why: str) -> None:
+        """Cut ``turn`` off for every connection now."""
+        if turn <= 0 or not self.fence.interrupt(turn):
+            return
+        self.edge.count("clears")
+        dropped = 0
+        for connection in self.connections:
+            dropped += connection.outbox.purge_turns(turn)
+            connection.outbox.put_first(Clear(turn=turn))
+        self.history = collections.deque(
+            (f for f in self.history if not 0 < _turn_of(f) <= turn), maxlen=HISTORY_FRAMES
+        )
+        log.info(
+            "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
+        )
+
+    def delivered(self, turn: int, seq: int) -> None:
+        if seq > self.reports.get(turn, -1):
+            self.reports[turn] = seq
+
+    def take_reports(self) -> dict[int, int]:
+        reports, self.reports = self.reports, {}
+        return reports
+
+
+class Edge:
+    def __init__(
+        self,
+        transport: Transport,
+        store: StateStore,
+        settings: BroadcastSettings,
+        *,
+        owner: str,
+        max_frame_bytes: int,
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.settings = settings
+        self.owner = owner
+        self.max_frame_bytes = max_frame_bytes
+        self.sessions: dict[str, EdgeSession] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.queue: EdgeQueue | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._seq = 0
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @property
+    def consuming(self) -> bool:
+        return self.queue is not None
+
+    async def start(self) -> None:
+        self.queue = await self.transport.open_edge_queue(edge_queue(self.owner), self.on_event)
+        self._tasks = [
+            asyncio.create_task(self._report_loop(), name="edge-reports"),
+            asyncio.create_task(self._housekeeping(), name="edge-housekeeping"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for session in list(self.sessions.values()):
+            for connection in list(session.connections):
+                await connection.close(
+                    CLOSE_GOING_AWAY, ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
+                )
+        if self.queue is not None:
+            await self.queue.cancel()
+            self.queue = None
+
+    # --- sessions --------------------------------------------------------------------------------
+
+    async def create_session(self, agent_options: dict[str, Any], turn_taking: dict[str, Any]) -> str:
+        session_id = new_session_id()
+        await self._track(session_id)  # listen first: nothing the agent says first is missed
+        options = {**agent_options, "turn_taking": turn_taking}
+        info = SessionInfo(session_id, options, edge_reports_delivery=True)
+        await create_session(self.transport, self.store, info, tier=TIER_REASONING)
+        await create_session(self.transport, self.store, info, tier=TIER_SPEECH)
+        self.count("sessions_created")
+        log.info("session %s created", session_id)
+        return session_id
+
+    async def _track(self, session_id: str) -> EdgeSession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = EdgeSession(self, session_id)
+            assert self.queue is not None
+            await self.queue.add_session(session_id)
+        return session
+
+    async def known(self, session_id: str) -> bool:
+        return (
+            session_id in self.sessions
+            or await self.store.session_info(TIER_REASONING, session_id) is not None
+        )
+
+    async def join(self, session_id: str, ws: WebSocket, role: Role, reports_played: bool) -> Connection:
+        session = await self._track(session_id)
+        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer)
+        connection.start()
+        session.attach(connection)
+        self.count("connections")
+        return connection
+
+    def leave(self, connection: Connection) -> None:
+        connection.session.detach(connection)
+        if connection.writer is not None:
+            connection.writer.cancel()
+
+    async def _forget(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is not None and self.queue is not None:
+            await self.queue.remove_session(session_id)
+
+    # --- from the bus ----------------------------------------------------------------------------
+
+    async def on_event(self, envelope: Envelope, event: Event) -> None:
+        session = self.sessions.get(envelope.session)
+        if session is None or session.ended:
+            return
+        if isinstance(event, InterruptPolicy):
+            session.policy = set(event.events)
+        elif isinstance(event, TurnInterrupted):
+            session.clear(event.turn, "the agent's turn was interrupted")
+        elif isinstance(event, UserStartedSpeaking):
+            if envelope.source != Source.STOP_BUTTON:  # the stop button is not the caller speaking
+                session.broadcast(SpeakingStarted())
+            if (
+                UserStartedSpeaking.type_name() in session.policy
+                and session.highest_turn not in session.completed
+            ):
+                session.clear(session.highest_turn, "the caller started speaking")
+        elif isinstance(event, UserStoppedSpeaking):
+            session.broadcast(SpeakingStopped())
+        elif isinstance(event, FalseInterruption):  # the burst ended without being a turn
+            session.broadcast(SpeakingStopped(false_interruption=True))
+        elif isinstance(event, AgentResponse):
+            if session.fence.admit(envelope):
+                session.highest_turn = max(session.highest_turn, envelope.turn)
+                session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
+            else:
+                self.count("dropped_chunks")
+        elif isinstance(event, AgentGenerationComplete):
+            if session.fence.admit(envelope):
+                session.completed.add(envelope.turn)
+                session.broadcast(TurnComplete(turn=envelope.turn))
+        elif isinstance(event, SessionError):
+            session.broadcast(ErrorFrame(code=event.code, message=event.message))
+        elif isinstance(event, AgentError):
+            session.broadcast(ErrorFrame(code=ErrorCode.AGENT_ERROR, message=event.message))
+        elif isinstance(event, EndCall):
+            await self._end(session, "caller" if envelope.source in Source.CALLER_SIDE else "agent")
+
+    async def _end(self, session: EdgeSession, reason: Literal["caller", "agent"]) -> None:
+        """The call is over: tell every connection (after what is queued for it), close, tidy up."""
+        if session.ended:
+            return
+        session.ended = True
+        for connection in list(session.connections):
+            connection.send(Ended(reason=reason))
+        await asyncio.sleep(0)
+        for connection in list(session.connections):
+            async with asyncio.timeout(2.0):
+                while connection.outbox.frames and not connection.closed:  # noqa: ASYNC110 - short drain
+                    await asyncio.sleep(0.01)
+            await connection.close(1000)
+        if reason == "agent":  # the owners end their side when they hear it
+            await self._publish(session.session_id, EndCall(reason="agent ended the call"))
+        await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
+        await self._forget(session.session_id)
+        log.info("session %s ended (%s)", session.session_id, reason)
+
+    # --- from clients ----------------------------------------------------------------------------
+
+    async def _publish(self, session_id: str, event: Event, source: str = Source.EDGE) -> None:
+        self._seq += 1
+        await self.transport.publish(Envelope.wrap(session_id, event, seq=self._seq, source=source), IN)
+
+    async def client_audio(self, connection: Connection, data: bytes) -> ErrorFrame | None:
+        """Returns an error frame for the client, or None."""
+        if len(data) > self.max_frame_bytes:
+            self.count("bad_frames")
+            too_large = f"frames are at most {self.max_frame_bytes} bytes"
+            return ErrorFrame(code=ErrorCode.FRAME_TOO_LARGE, message=too_large)
+        if len(data) % SAMPLE_WIDTH:
+            self.count("bad_frames")
+            return ErrorFrame(code=ErrorCode.BAD_AUDIO_FRAME, message="audio must be whole PCM16 samples")
+        await self._publish(connection.session.session_id, AudioFrame(data=data))
+        return None
+
+    async def client_message(
+        self, connection: Connection, message: TextTurn | Played | Interrupt | End
+    ) -> None:
+        session = connection.session
+        sid = session.session_id
+        if isinstance(message, TextTurn):
+            await self._publish(sid, UserStartedSpeaking())
+            await self._publish(sid, UserTranscriptionReceived(content=message.text))
+            await self._publish(sid, UserStoppedSpeaking())
+        elif isinstance(message, Played):
+            if connection.reports_played:
+                session.delivered(message.turn, message.seq)
+        elif isinstance(message, Interrupt):
+            # told to the agent as a barge-in, which every interruptible route listens for
+            await self._publish(sid, UserStartedSpeaking(), source=Source.STOP_BUTTON)
+            if session.highest_turn not in session.completed:
+                session.clear(session.highest_turn, "the caller pressed stop")
+        elif isinstance(message, End):
+            await self._publish(sid, EndCall(reason="the caller hung up"))
+            await self._end(session, "caller")
+
+    # --- background ------------------------------------------------------------------------------
+
+    async def _report_loop(self) -> None:
+        """What callers received goes back to the owner, coalesced (not one message per chunk)."""
+        interval = max(self.settings.report_interval_ms, 1.0) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for session in list(self.sessions.values()):
+                for turn, seq in session.take_reports().items():
+                    with contextlib.suppress(Exception):
+                        await self._publish(session.session_id, SpeechDelivered(turn=turn, seq=seq))
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(5)
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if session.idle_since is not None and now - session.idle_since > IDLE_FORGET_S:
+                    await self._forget(session.session_id)
+            log.info(
+                "edge %s: %d sessions, %d connections, %s",
+                self.owner,
+                len(self.sessions),
+                sum(len(s.connections) for s in self.sessions.values()),
+                dict(self.counters),
+            )

@@ -1,0 +1,210 @@
+"""The client protocol's messages, both ways, validated (docs/protocol.md).
+
+Everything a client may send (:data:`ClientMessage`), everything the edge sends back
+(:data:`ServerFrame`), and the body of ``POST /v1/sessions`` (:class:`SessionRequest`) are models
+here, so the edge builds frames by name and field, the call client reads them with the same
+definitions, and a frame type or error code exists in one place only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from bargein.agent.events import SessionErrorCode
+from bargein.errors import TurnTakingError
+from bargein.settings import check_turn_taking
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- client → server ------------------------------------------------------------------------------
+
+
+class TextTurn(_Msg):
+    type: Literal["text"]
+    text: str = Field(min_length=1, max_length=10_000)
+
+
+class Played(_Msg):
+    type: Literal["played"]
+    turn: int = Field(ge=0)
+    seq: int = Field(ge=0)
+
+
+class Interrupt(_Msg):
+    type: Literal["interrupt"]
+
+
+class End(_Msg):
+    type: Literal["end"]
+
+
+ClientMessage = Annotated[TextTurn | Played | Interrupt | End, Field(discriminator="type")]
+_CLIENT: TypeAdapter[TextTurn | Played | Interrupt | End] = TypeAdapter(ClientMessage)
+
+
+# --- server → client ------------------------------------------------------------------------------
+
+
+class AgentChunk(_Msg):
+    type: Literal["agent_chunk"] = "agent_chunk"
+    turn: int
+    seq: int
+    text: str
+
+
+class Clear(_Msg):
+    """Stop playing ``turn`` and anything earlier, now."""
+
+    type: Literal["clear"] = "clear"
+    turn: int
+
+
+class TurnComplete(_Msg):
+    type: Literal["turn_complete"] = "turn_complete"
+    turn: int
+
+
+class SpeakingStarted(_Msg):
+    type: Literal["user_started_speaking"] = "user_started_speaking"
+
+
+class SpeakingStopped(_Msg):
+    type: Literal["user_stopped_speaking"] = "user_stopped_speaking"
+    false_interruption: bool | None = None  # sent (true) only when the burst was not a turn
+
+
+class ErrorFrame(_Msg):
+    type: Literal["error"] = "error"
+    code: str
+    message: str = ""
+
+
+class Ended(_Msg):
+    type: Literal["ended"] = "ended"
+    reason: str  # "caller" or "agent" today; a client must take others it does not know yet
+
+
+ServerFrame = Annotated[
+    AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended,
+    Field(discriminator="type"),
+]
+_SERVER: TypeAdapter[
+    AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended
+] = TypeAdapter(ServerFrame)
+
+# frames that belong to a turn: purged from an outbox when that turn is cleared
+TURN_FRAMES = (AgentChunk, TurnComplete)
+
+
+def frame_json(frame: _Msg) -> dict[str, Any]:
+    """A frame as the JSON object that goes on the socket (fields left unset are left out)."""
+    return frame.model_dump(exclude_none=True)
+
+
+class ErrorCode:
+    """The ``code`` of an ``error`` frame (the table in docs/protocol.md). The speech tier's
+    :class:`~bargein.agent.events.SessionErrorCode` values reach clients as they are."""
+
+    INVALID_TOKEN: Final = "invalid_token"
+    UNKNOWN_SESSION: Final = "unknown_session"
+    MALFORMED_JSON: Final = "malformed_json"
+    UNKNOWN_TYPE: Final = "unknown_type"
+    FRAME_TOO_LARGE: Final = SessionErrorCode.FRAME_TOO_LARGE
+    BAD_AUDIO_FRAME: Final = SessionErrorCode.BAD_AUDIO_FRAME
+    BAD_TURN_TAKING: Final = SessionErrorCode.BAD_TURN_TAKING
+    LISTENER_CANNOT_SEND: Final = "listener_cannot_send"
+    SLOW_CLIENT: Final = "slow_client"
+    SHUTTING_DOWN: Final = "shutting_down"
+    AGENT_ERROR: Final = "agent_error"
+
+    FATAL: Final = frozenset({INVALID_TOKEN, UNKNOWN_SESSION, SLOW_CLIENT, SHUTTING_DOWN})
+    """The connection is closed after these."""
+
+
+class ProtocolError(Exception):
+    """A message the other side sent is not the protocol's; ``code`` is the error frame's."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def frame(self) -> ErrorFrame:
+        return ErrorFrame(code=self.code, message=self.message)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, "text frames must be JSON objects") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, "text frames must be JSON objects")
+    return data
+
+
+def _first_problem(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}"
+
+
+def parse(text: str) -> TextTurn | Played | Interrupt | End:
+    """A client's text frame; :class:`ProtocolError` with the client-facing code otherwise."""
+    try:
+        return _CLIENT.validate_python(_json_object(text))
+    except ValidationError as exc:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE, f"not a valid message ({_first_problem(exc)}); see docs/protocol.md"
+        ) from None
+
+
+def parse_server_frame(
+    text: str,
+) -> AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended:
+    """A frame the edge sent (what a client reads); :class:`ProtocolError` if it is not one."""
+    try:
+        return _SERVER.validate_python(_json_object(text))
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"not a server frame ({_first_problem(exc)})") from None
+
+
+# --- POST /v1/sessions ----------------------------------------------------------------------------
+
+
+class SessionRequest(_Msg):
+    """The body of ``POST /v1/sessions`` (every field optional)."""
+
+    agent_options: dict[str, Any] = Field(default_factory=dict)
+    turn_taking: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("turn_taking")
+    @classmethod
+    def _turn_taking(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            check_turn_taking(value)  # the speech tier's own check, applied before the session exists
+        except TurnTakingError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @classmethod
+    def parse(cls, raw: bytes) -> SessionRequest:
+        """:class:`ProtocolError` (``bad_request``) with what is wrong."""
+        if not raw.strip():
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ProtocolError("bad_request", "the body must be JSON") from None
+        if not isinstance(data, dict):
+            raise ProtocolError("bad_request", "the body must be a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ProtocolError("bad_request", _first_problem(exc)) from None

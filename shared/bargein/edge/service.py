@@ -1,0 +1,99 @@
+"""Running the edge: settings → transport + store → Edge → Starlette app → uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+
+import uvicorn
+
+from bargein import tracing
+from bargein.edge.app import create_app
+from bargein.edge.core import Edge
+from bargein.edge.tokens import Tokens
+from bargein.hosting.host import default_owner_id
+from bargein.hosting.logs import configure_logging
+from bargein.settings import BroadcastSettings, BrokerSettings, CoreSettings, SpeechSettings, load
+from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_store import RedisStateStore
+
+log = logging.getLogger("bargein.edge")
+DEFAULT_SECRET = "dev-secret-change-me"
+
+
+async def serve(
+    core: CoreSettings, broker: BrokerSettings, edge_settings: BroadcastSettings, speech: SpeechSettings
+) -> None:
+    owner = f"edge-{default_owner_id()}"
+    if edge_settings.edge_secret == DEFAULT_SECRET:
+        log.warning("BARGEIN_EDGE_SECRET is the development default: set your own before exposing the edge")
+    transport = await AmqpTransport.connect(
+        broker.rabbitmq_url,
+        max_message_bytes=core.max_message_bytes,
+        name=owner,
+        mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
+        audio_mailbox_frames=broker.audio_mailbox_frames,
+    )
+    store = RedisStateStore.from_url(broker.redis_url)
+    edge = Edge(transport, store, edge_settings, owner=owner, max_frame_bytes=speech.max_frame_bytes)
+
+    async def ready() -> list[str]:
+        problems = []
+        if not transport.connected:
+            problems.append("rabbitmq")
+        try:
+            await store.redis.ping()
+        except Exception:
+            problems.append("redis")
+        if not edge.consuming:
+            problems.append("consumer")
+        return problems
+
+    app = create_app(
+        edge,
+        Tokens(edge_settings.edge_secret, edge_settings.token_ttl_s),
+        public_url=edge_settings.public_url,
+        ready=ready,
+    )
+    config = uvicorn.Config(
+        app,
+        host=edge_settings.host,
+        port=edge_settings.port,
+        log_level="warning",
+        lifespan="on",
+        ws="websockets-sansio",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn sets a plain flag
+            await asyncio.sleep(0.05)
+        if server.started:
+            gc.collect()
+            gc.freeze()  # start-up's objects out of the collector's way: no long pauses mid-call
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            log.info("edge ready on http://%s:%d", host, port)
+        await task
+    finally:
+        with contextlib.suppress(Exception):
+            await store.close()
+        with contextlib.suppress(Exception):
+            await transport.close()
+    log.info("edge stopped")
+
+
+def main() -> int:
+    core = load(CoreSettings)
+    broker = load(BrokerSettings)
+    edge_settings = load(BroadcastSettings)
+    speech = load(SpeechSettings)
+    configure_logging(core.log_level)
+    tracing.configure(core, service_name="bargein-broadcast")
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(serve(core, broker, edge_settings, speech))
+    return 0

@@ -1,0 +1,223 @@
+"""Owning sessions in one process: lease, mailbox, runtime.
+
+A :class:`SessionHost` takes a session by acquiring its lease (which yields the fencing epoch),
+restores and starts a :class:`~bargein.runtime.session.SessionRuntime`, and attaches it to the session's
+mailbox. It renews each lease in the background; if a renewal fails another process has (or may
+take) the session, so this one stops working it at once without writing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from bargein.agent.events import Event
+from bargein.errors import BargeinError
+from bargein.hosting.sessions import forget_session
+from bargein.runtime.agents import Agent
+from bargein.runtime.session import SessionRuntime
+from bargein.transport.abc import SessionProcessor, StateStore, Subscription, Transport
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, TIER_REASONING, Tier
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.hosting.host")
+
+
+class SessionTaken(BargeinError):
+    """Another process holds this session's lease."""
+
+
+def default_owner_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Everything a tier's session processor is given when its host takes a session."""
+
+    info: SessionInfo
+    transport: Transport
+    store: StateStore
+    epoch: int
+    owner: str
+    tier: Tier
+    state_ttl_ms: int
+    on_end: Callable[[str], None]
+
+
+ProcessorFactory = Callable[[Ownership], SessionProcessor]
+
+
+def agent_sessions(agent: Agent) -> ProcessorFactory:
+    """The reasoning tier: each owned session runs ``agent``'s routes."""
+
+    def make(own: Ownership) -> SessionProcessor:
+        return SessionRuntime(
+            own.info,
+            own.transport,
+            own.store,
+            agent=agent,
+            epoch=own.epoch,
+            owner=own.owner,
+            tier=own.tier,
+            state_ttl_ms=own.state_ttl_ms,
+            on_end=own.on_end,
+        )
+
+    return make
+
+
+@dataclass
+class _Owned:
+    runtime: SessionProcessor
+    subscription: Subscription
+    renewer: asyncio.Task[None]
+    last_activity: float = field(default_factory=time.monotonic)
+
+
+class _NoSubscription(Subscription):
+    """Stands in until the mailbox is open."""
+
+    async def cancel(self) -> None:
+        return None
+
+
+class SessionHost:
+    def __init__(
+        self,
+        transport: Transport,
+        store: StateStore,
+        factory: ProcessorFactory,
+        *,
+        owner: str | None = None,
+        tier: Tier = TIER_REASONING,
+        lease_ttl_ms: int = 10_000,
+        state_ttl_ms: int = 24 * 3600 * 1000,
+        idle_end_s: float | None = None,
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.factory = factory
+        self.owner = owner or default_owner_id()
+        self.tier = tier
+        self.lease_ttl_ms = lease_ttl_ms
+        self.state_ttl_ms = state_ttl_ms
+        self.idle_end_s = idle_end_s  # a session with no message for this long is over (caller gone)
+        self._background: set[asyncio.Task[None]] = set()
+        self.sessions: dict[str, _Owned] = {}
+
+    @classmethod
+    def for_agent(cls, transport: Transport, store: StateStore, agent: Agent, **kwargs: Any) -> SessionHost:
+        return cls(transport, store, agent_sessions(agent), **kwargs)
+
+    async def open(self, info: SessionInfo) -> SessionProcessor:
+        sid = info.session_id
+        if sid in self.sessions:
+            return self.sessions[sid].runtime
+        epoch = await self.store.acquire_lease(self.tier, sid, self.owner, self.lease_ttl_ms)
+        if epoch is None:
+            raise SessionTaken(f"session {sid} is owned by another process")
+        runtime = self.factory(
+            Ownership(
+                info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
+            )
+        )
+        renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
+        owned = _Owned(runtime, _NoSubscription(), renewer)
+
+        async def handle(envelope: Envelope, event: Event) -> None:
+            owned.last_activity = time.monotonic()
+            await runtime.handle(envelope, event)
+
+        try:
+            await runtime.start()
+            owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, handle)
+        except BaseException:
+            renewer.cancel()
+            await runtime.close(checkpoint=False)
+            await self.store.release_lease(self.tier, sid, self.owner, epoch)
+            raise
+        self.sessions[sid] = owned
+        return runtime
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _ended(self, session_id: str) -> None:
+        """The caller hung up: close the session here and forget it everywhere."""
+        self._spawn(self.finish(session_id))
+
+    async def finish(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            return
+        await self.close(session_id, checkpoint=False)
+        await forget_session(self.transport, self.store, session_id, tier=self.tier)
+        log.info("session %s ended", session_id)
+
+    async def close(self, session_id: str, *, release: bool = True, checkpoint: bool = True) -> None:
+        owned = self.sessions.pop(session_id, None)
+        if owned is None:
+            return
+        owned.renewer.cancel()
+        await owned.subscription.cancel()
+        await owned.runtime.close(checkpoint=checkpoint)
+        if release:
+            await self.store.release_lease(self.tier, session_id, self.owner, owned.runtime.epoch)
+        log.info("session %s closed here (released=%s)", session_id, release)
+
+    async def abandon(self, session_id: str) -> None:
+        """Drop the session as a crashed process would: nothing acknowledged, checkpointed or
+        released (used by tests to simulate a kill)."""
+        owned = self.sessions.pop(session_id, None)
+        if owned is None:
+            return
+        owned.renewer.cancel()
+        await owned.subscription.cancel()
+        await owned.runtime.close(checkpoint=False)
+
+    async def abandon_all(self) -> None:
+        for sid in list(self.sessions):
+            await self.abandon(sid)
+
+    async def close_all(self) -> None:
+        for sid in list(self.sessions):
+            await self.close(sid)
+
+    def _gone_quiet(self, owned: _Owned) -> bool:
+        idle = time.monotonic() - owned.last_activity
+        return self.idle_end_s is not None and idle > self.idle_end_s and not owned.runtime.active_turns
+
+    async def _renew(self, session_id: str, epoch: int) -> None:
+        interval = self.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                ok = await self.store.renew_lease(self.tier, session_id, self.owner, epoch, self.lease_ttl_ms)
+            except Exception:
+                log.exception("session %s: lease renewal failed; will retry", session_id)
+                continue
+            owned = self.sessions.get(session_id)
+            if not ok:
+                log.warning("session %s: lease lost (epoch %d); stopping work on it", session_id, epoch)
+                if owned is not None:
+                    owned.runtime.fenced = True
+                    self._spawn(self.close(session_id, release=False, checkpoint=False))
+                return
+            if owned is not None and self._gone_quiet(owned):
+                log.info(
+                    "session %s: no message for %.0f s; the caller is gone, ending it",
+                    session_id,
+                    time.monotonic() - owned.last_activity,
+                )
+                self._spawn(self.finish(session_id))
+                return

@@ -1,0 +1,151 @@
+"""A worker process's session ownership loop for one tier.
+
+New sessions arrive on the tier's shared work queue; whichever worker has room takes one (competing
+consumers: this is the load balancer). Sessions whose owner died are found in the session
+directory (registered, but nobody holds the lease) and adopted by any worker with room. On SIGTERM
+a worker drains: it stops taking sessions, checkpoints and releases every lease, so other workers
+adopt them at their next look, resuming any turn that was running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from bargein.errors import EnvelopeError
+from bargein.hosting.host import SessionHost, SessionTaken
+from bargein.transport.abc import Subscription
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.hosting.worker")
+
+
+class Worker:
+    def __init__(
+        self,
+        host: SessionHost,
+        *,
+        max_sessions: int = 500,
+        adopt_interval_s: float = 1.0,
+        status_interval_s: float = 1.0,
+        drain_timeout_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.max_sessions = max_sessions
+        self.adopt_interval_s = adopt_interval_s
+        self.status_interval_s = status_interval_s
+        self.drain_timeout_s = drain_timeout_s
+        self.draining = False
+        self.adopted = 0
+        self.started = 0
+        self._starts: Subscription | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def room(self) -> int:
+        return 0 if self.draining else self.max_sessions - len(self.host.sessions)
+
+    async def start(self) -> None:
+        tier = self.host.tier
+        self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
+        self._tasks = [
+            asyncio.create_task(self._adopt_loop(), name=f"adopt:{tier}"),
+            asyncio.create_task(self._status_loop(), name=f"status:{tier}"),
+        ]
+        log.info("%s worker %s ready (up to %d sessions)", tier, self.host.owner, self.max_sessions)
+
+    async def _on_start(self, raw: bytes) -> bool:
+        info = SessionInfo.decode(raw)
+        if info.session_id in self.host.sessions:
+            return True
+        if self.room <= 0:
+            return False
+        try:
+            await self.host.open(info)
+        except SessionTaken:
+            log.info("session %s is already owned elsewhere", info.session_id)
+            return True
+        self.started += 1
+        return True
+
+    async def adopt_orphans(self) -> int:
+        """Take over sessions nobody owns (their owner died or drained). Returns how many."""
+        room = self.room
+        if room <= 0:
+            return 0
+        taken = 0
+        for session_id, raw in await self.host.store.orphaned_sessions(self.host.tier, limit=room):
+            if session_id in self.host.sessions:
+                continue
+            try:
+                runtime = await self.host.open(SessionInfo.decode(raw))
+            except SessionTaken:
+                continue  # another worker was quicker
+            except EnvelopeError as exc:
+                log.warning("dropping unreadable directory entry %s: %s", session_id, exc)
+                await self.host.store.unregister_session(self.host.tier, session_id)
+                continue
+            taken += 1
+            log.info("adopted session %s (epoch %d)", session_id, runtime.epoch)
+        self.adopted += taken
+        return taken
+
+    async def _adopt_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.adopt_interval_s)
+            try:
+                await self.adopt_orphans()
+            except Exception:
+                log.exception("looking for orphaned sessions failed; will retry")
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.status_interval_s)
+            runtimes = [owned.runtime for owned in self.host.sessions.values()]
+            log.info(
+                "%s %s: %d sessions, %d active generations, %d started, %d adopted%s",
+                self.host.tier,
+                self.host.owner,
+                len(runtimes),
+                sum(r.active_turns for r in runtimes),
+                self.started,
+                self.adopted,
+                " (draining)" if self.draining else "",
+            )
+
+    async def _stop_taking(self) -> None:
+        if self._starts is not None:
+            await self._starts.cancel()
+            self._starts = None
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def abandon(self) -> None:
+        """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
+        self.draining = True
+        await self._stop_taking()
+        await self.host.abandon_all()
+
+    def active_turns(self) -> int:
+        return sum(owned.runtime.active_turns for owned in self.host.sessions.values())
+
+    async def _let_turns_finish(self) -> None:
+        """Give running turns up to ``drain_timeout_s`` to end here (their sessions keep consuming,
+        so interrupts still work); whatever is still running then is resumed by the adopter."""
+        deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+        while self.active_turns() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def drain(self) -> None:
+        """Stop taking sessions, let running turns finish (briefly), then checkpoint and release
+        every lease so other workers adopt the sessions at once."""
+        self.draining = True
+        await self._stop_taking()
+        await self._let_turns_finish()
+        count = len(self.host.sessions)
+        await self.host.close_all()
+        log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)

@@ -1,0 +1,475 @@
+"""Running one route in a session: its queue, its worker, a run of it, and cutting a run off.
+
+Every route of a session gets a :class:`RouteExecutor` with a queue and a worker task of its own.
+The session's dispatcher hands each event to the executors twice, and neither waits for any
+route's work:
+
+1. :meth:`RouteExecutor.admit` (no awaiting): note suspend and resume, and queue the event if its
+   type starts the route. The event carries the session's dispatch index, its place in the order.
+2. :meth:`RouteExecutor.control`: the event's interrupt and suspend clauses act right here, so an
+   interrupt cancels the running turn the moment it is dispatched, whatever else the session is
+   doing. It only ever cuts off work that was dispatched before it.
+
+The worker takes its queue in order. A *turn route* (it streams, or it can be interrupted) runs one
+turn at a time, each as a :class:`TurnRun` in a task of its own that an interrupt can cancel; when
+a cut-off turn has unwound, the clause's handler runs, and only then the next turn. Before a turn
+starts it waits at a barrier until every other route that does not run as turns has finished the
+events dispatched before its trigger, so the turn sees their effects (the transcript that
+``map(node.add_event)`` puts in the history before ``UserStoppedSpeaking`` starts the answer).
+Every other route runs each event through its pipeline in its own worker, in order: a slow
+``.map()`` holds up nothing but its own route.
+
+What an executor has not finished is in :meth:`RouteExecutor.durable_state`, which the session
+checkpoints before it acknowledges the event: an adopter runs it again (a running turn keeps its
+number, so the edge drops the chunks the caller already has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from opentelemetry.trace import Span
+
+from bargein import tracing
+from bargein.agent.calling import call_flexible, close_generator
+from bargein.agent.events import AgentError, Event
+from bargein.agent.message import Message
+from bargein.agent.routes import Bridge, Callback, Route, clause_for
+from bargein.agent.turn import reset_current_run, set_current_run
+from bargein.errors import BargeinError
+from bargein.wire.envelope import decode_message, encode_message
+
+log = logging.getLogger("bargein.runtime.executor")
+
+T = TypeVar("T")
+
+WorkKind = Literal["trigger", "cut", "suspend", "resume"]
+
+
+class RouteHost(Protocol):
+    """What an executor and its runs need from the session that owns them."""
+
+    session_id: str
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
+    async def guard(self, awaitable: Awaitable[T], what: str, default: T | None = None) -> T | None: ...
+
+    def allocate_turn(self) -> int: ...
+
+    def delivered_text(self, turn: int) -> str: ...
+
+    async def publish_output(self, event: Event, run: TurnRun) -> None: ...
+
+    async def turn_started(self, run: TurnRun) -> None: ...
+
+    async def turn_interrupted(self, run: TurnRun) -> None: ...
+
+    async def turn_finished(self, run: TurnRun | None) -> None: ...
+
+    async def checkpoint(self) -> None: ...
+
+    def checkpoint_soon(self) -> None:
+        """Checkpoint shortly (coalesced): for work done outside a turn."""
+
+    def earlier_work_done(self, index: int) -> bool:
+        """Whether every route that does not run as turns has finished the events before ``index``."""
+
+    async def wait_for_progress(self) -> None:
+        """Return the next time some route finishes a piece of work."""
+
+    def progressed(self) -> None: ...
+
+
+@dataclass
+class Work:
+    """One item on a route's queue."""
+
+    kind: WorkKind  # trigger: run the route; cut: only the handler of a cut-off turn is left;
+    #                 suspend / resume: the clause's handler
+    message: Message  # the trigger, or the event that called the handler
+    index: int  # the session's dispatch order
+    turn: int | None = None  # a turn started by a previous owner keeps its number
+    interrupted_by: Message | None = None  # cut: the event that cut the turn off
+    clause: int | None = None  # cut: into route.cutting; suspend / resume: into that clause list
+    dropped: bool = False  # an interrupt dropped this trigger while it waited at the barrier
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "message": encode_message(self.message),
+            "turn": self.turn,
+            "by": None if self.interrupted_by is None else encode_message(self.interrupted_by),
+            "clause": self.clause,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Work:
+        by = state.get("by")
+        return cls(
+            kind=state["kind"],
+            message=decode_message(state["message"]),
+            index=int(state["index"]),
+            turn=state.get("turn"),
+            interrupted_by=None if by is None else decode_message(by),
+            clause=state.get("clause"),
+        )
+
+
+class TurnRun:
+    """One run of a route. It gets a turn number when it first publishes (turn routes: when they
+    start); its chunks are numbered from 0; after an interrupt it publishes nothing more."""
+
+    def __init__(
+        self, host: RouteHost, trigger: Message, bridge: Bridge, *, index: int = 0, turn: int | None = None
+    ) -> None:
+        self.host = host
+        self.trigger = trigger
+        self.bridge = bridge  # whose node speaks in this run (its output may be the caller's to hear)
+        self.index = index  # the trigger's dispatch index: interrupts cut only runs triggered before them
+        self.turn = turn  # preset when an adopter resumes a turn its previous owner had started
+        self.resumed = turn is not None
+        self.cancelled = False
+        self.interrupted_by: Message | None = None
+        self.clause: int | None = None  # which cutting clause (route.cutting) cut the turn off
+        self.span: Span | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._seq = -1
+
+    def ensure_turn(self) -> int:
+        if self.turn is None:
+            self.turn = self.host.allocate_turn()
+        return self.turn
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def delivered_text(self) -> str:
+        return "" if self.turn is None else self.host.delivered_text(self.turn)
+
+    async def publish(self, value: Any, event_type: type[Event] | None) -> None:
+        if self.cancelled:
+            self.host.count("dropped_after_interrupt")
+            return
+        await self.host.publish_output(as_event(value, event_type), self)
+
+    async def run_inline(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run in the calling task (the route's worker), with this run as the current one."""
+        token = set_current_run(self)
+        try:
+            await coro
+        finally:
+            reset_current_run(token)
+
+    async def run_as_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run as its own task so an interrupt can cancel it; return once it has fully unwound."""
+        self.ensure_turn()
+
+        async def body() -> None:
+            set_current_run(self)
+            with tracing.span(
+                f"turn {self.turn}", self.trigger.trace, session=self.host.session_id, turn=self.turn or 0
+            ) as span:
+                self.span = span
+                await coro
+
+        self.task = asyncio.create_task(body(), name=f"turn:{self.host.session_id}:{self.turn}")
+        try:
+            await asyncio.wait({self.task})
+        except asyncio.CancelledError:  # the route itself is closing
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+            raise
+        error = None if self.task.cancelled() else self.task.exception()
+        if error is not None:
+            self.host.count("route_errors")
+            log.error("session %s turn %s failed", self.host.session_id, self.turn, exc_info=error)
+            if not self.cancelled:  # tell the caller, rather than leave them waiting in silence
+                failure = AgentError(message=f"{type(error).__name__}: {error}", code="turn_failed")
+                await self.host.guard(self.host.publish_output(failure, self), "error report")
+
+    async def interrupt(self, message: Message, clause: int) -> None:
+        if self.task is None or self.task.done():
+            return
+        self.cancelled = True  # from here on nothing of this turn is published
+        self.interrupted_by = message
+        self.clause = clause
+        if self.span is not None:
+            self.span.set_attribute("bargein.interrupted_by", type(message.event).__name__)
+            self.span.add_event("interrupted", {"bargein.delivered_chars": len(self.delivered_text())})
+        self.task.cancel()
+        # Let the turn's task take its CancelledError before we spend time on the notice and the
+        # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
+        await asyncio.sleep(0)
+        await self.host.turn_interrupted(self)
+
+
+def as_event(value: Any, event_type: type[Event] | None) -> Event:
+    """What ``.broadcast()`` publishes for a value: the event itself, or ``event_type`` wrapping it."""
+    if isinstance(value, Event) and (event_type is None or isinstance(value, event_type)):
+        return value
+    if event_type is not None:
+        if isinstance(value, dict):
+            return event_type(**value)
+        if "content" in event_type.model_fields:
+            return event_type.model_validate({"content": value})
+    raise BargeinError(
+        f"broadcast got {type(value).__name__} {value!r:.80}; yield events or use broadcast(event_type=...)"
+    )
+
+
+class RouteExecutor:
+    """Runs one route of one session (see the module docstring)."""
+
+    def __init__(self, route: Route, host: RouteHost, key: str) -> None:
+        self.route = route
+        self.host = host
+        self.key = key  # the route's place in the session ("bridge.route"): names its checkpoint
+        self.turns = route.runs_as_turns
+        self.suspended = False
+        self.queue: collections.deque[Work] = collections.deque()
+        self.current: Work | None = None  # what the worker has taken and not finished
+        self.active: TurnRun | None = None  # the running turn (turn routes)
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._worker = asyncio.create_task(self._work(), name=f"route:{self.host.session_id}:{self.key}")
+
+    def stop(self) -> None:
+        """Stop the worker where it stands (it starts nothing more); :meth:`close` waits for it."""
+        if self._worker is not None:
+            self._worker.cancel()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._worker is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+
+    @property
+    def oldest_index(self) -> int | None:
+        """The dispatch index of the oldest event this route has not finished with."""
+        if self.current is not None:
+            return self.current.index
+        return self.queue[0].index if self.queue else None
+
+    # --- the dispatcher's side: never waits for the route's work --------------------------------
+
+    def admit(self, message: Message, index: int) -> bool:
+        """Note suspend and resume, and queue what ``message`` starts. True if anything was queued
+        (the session then checkpoints before the event is acknowledged)."""
+        route = self.route
+        queued = False
+        if clause_for(route.suspends, message) is not None:
+            self.suspended = True
+        resume = clause_for(route.resumes, message)
+        if resume is not None:
+            self.suspended = False
+            if resume.handler is not None:
+                self._enqueue(Work("resume", message, index, clause=route.resumes.index(resume)))
+                queued = True
+        if isinstance(message.event, route.matcher.types):
+            if self.suspended:
+                self.host.count("triggers_while_suspended")
+            else:
+                self._enqueue(Work("trigger", message, index))
+                queued = True
+        return queued
+
+    async def control(self, message: Message, index: int) -> None:
+        """Let ``message``'s interrupt and suspend clauses cut off what was dispatched before it."""
+        route = self.route
+        clause = clause_for(route.interrupts, message)
+        if clause is not None:
+            await self._interrupt(clause.condition, route.cutting.index(clause), message, index)
+        clause = clause_for(route.suspends, message)
+        if clause is not None:  # suspending stops what runs, as Line meant it to
+            cut = route.cutting.index(clause)
+            if not await self._interrupt(None, cut, message, index) and clause.handler is not None:
+                self._enqueue(Work("suspend", message, index, clause=route.suspends.index(clause)))
+
+    async def _interrupt(self, condition: Callback | None, clause: int, message: Message, index: int) -> bool:
+        """Cut off the running turn (and drop the triggers waiting behind it) if it was started by
+        an earlier event and ``condition`` holds. Returns whether a running turn was cut off."""
+        if not self._something_to_cut(index):
+            return False
+        if condition is not None:
+            ok = await self.host.guard(call_flexible(condition, message), "condition", default=False)
+            if not ok:
+                self.host.count("interrupts_declined")
+                return False
+            if not self._something_to_cut(index):  # it ended while the condition was evaluated
+                return False
+        self._drop_triggers_before(index)
+        run = self.active
+        if run is None or run.cancelled or run.index >= index:
+            return False  # only a trigger waiting at the barrier was there: dropped, no handler
+        await run.interrupt(message, clause)
+        return True
+
+    def _something_to_cut(self, index: int) -> bool:
+        run = self.active
+        return (run is not None and not run.cancelled and run.index < index) or self._waiting(index)
+
+    def _waiting(self, index: int) -> bool:
+        """Whether the worker holds a trigger from before ``index`` that waits at the barrier."""
+        work = self.current
+        return self.active is None and work is not None and work.kind == "trigger" and work.index < index
+
+    def _drop_triggers_before(self, index: int) -> None:
+        """Triggers that arrived before an interrupt are stale: the caller spoke again."""
+        stale = [w for w in self.queue if w.kind == "trigger" and w.index < index]
+        if stale:
+            self.queue = collections.deque(w for w in self.queue if w not in stale)
+            self.host.count("triggers_dropped", len(stale))
+        if self._waiting(index) and self.current is not None:
+            self.current.dropped = True  # wakes the worker, which lets it go
+            self.host.count("triggers_dropped")
+            self.host.progressed()
+
+    def _enqueue(self, work: Work) -> None:
+        self.queue.append(work)
+        self._wakeup.set()
+
+    # --- the worker ------------------------------------------------------------------------------
+
+    async def _next(self) -> Work:
+        while not self.queue:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self.queue.popleft()
+
+    async def _work(self) -> None:
+        while True:
+            work = await self._next()
+            self.current = work
+            try:
+                await self._do(work)
+            finally:
+                self.current = None
+                self.host.progressed()
+
+    async def _do(self, work: Work) -> None:
+        route = self.route
+        if work.kind == "cut":  # restored after a failover: the turn was cut off; its handler is left
+            assert work.clause is not None and work.interrupted_by is not None
+            await self._run_handler(route.cutting[work.clause].handler, work.interrupted_by, "interrupt")
+            self.current = None  # done: the checkpoint must not hand it to an adopter again
+            await self.host.turn_finished(None)
+        elif work.kind in ("suspend", "resume"):
+            assert work.clause is not None
+            clauses = route.suspends if work.kind == "suspend" else route.resumes
+            await self._run_handler(clauses[work.clause].handler, work.message, work.kind)
+            self.host.checkpoint_soon()
+        elif self.suspended and work.turn is None:
+            self.host.count("triggers_while_suspended")
+        elif self.turns:
+            await self._run_turn(work)
+        else:
+            if await self._matches(work.message):
+                run = TurnRun(self.host, work.message, route.bridge, index=work.index)
+                await self.host.guard(run.run_inline(self._execute(work.message, run)), "route")
+            self.host.checkpoint_soon()
+
+    async def _matches(self, message: Message) -> bool:
+        matched = await self.host.guard(self.route.matcher.matches(message), "filter", default=False)
+        return bool(matched)
+
+    async def _run_turn(self, work: Work) -> None:
+        # the barrier: what the events before this trigger do to the nodes happens first
+        while not work.dropped and not self.host.earlier_work_done(work.index):
+            await self.host.wait_for_progress()
+        if work.dropped:
+            return
+        if work.turn is None and not await self._matches(work.message):
+            return  # (a resumed turn passed its filter with its first owner)
+        run = TurnRun(self.host, work.message, self.route.bridge, index=work.index, turn=work.turn)
+        self.active = run
+        try:
+            await run.run_as_task(self._turn_body(run))
+        finally:
+            self.active = None
+        if run.interrupted_by is not None and run.clause is not None:
+            # Record the cut history (and that only the handler is left) before running it, so an
+            # adopter runs the handler rather than the turn if this process dies meanwhile.
+            self.current = Work("cut", run.trigger, work.index, run.turn, run.interrupted_by, run.clause)
+            await self.host.checkpoint()
+            await self._run_handler(self.route.cutting[run.clause].handler, run.interrupted_by, "interrupt")
+        self.current = None  # done: the checkpoint must not hand it to an adopter again
+        await self.host.turn_finished(run)
+
+    async def _turn_body(self, run: TurnRun) -> None:
+        await self.host.turn_started(run)
+        await self._execute(run.trigger, run)
+
+    async def _run_handler(self, handler: Callback | None, message: Message, kind: str) -> None:
+        if handler is not None:
+            await self.host.guard(call_flexible(handler, message), f"{kind} handler")
+
+    # --- the pipeline ----------------------------------------------------------------------------
+
+    async def _execute(self, value: Any, run: TurnRun, index: int = 0) -> None:
+        """Push ``value`` through the route's steps from ``index`` on."""
+        steps = self.route.steps
+        for i in range(index, len(steps)):
+            step = steps[i]
+            if step.kind == "map":
+                value = await call_flexible(step.fn, value)
+                if value is None:
+                    return
+            elif step.kind == "filter":
+                if not await call_flexible(step.fn, value):
+                    return
+            elif step.kind == "broadcast":
+                await run.publish(value, step.fn)
+            else:  # stream: the rest of the route runs once per yielded item
+                await self._stream(step.fn(value), run, i + 1)
+                return
+
+    async def _stream(self, gen: Any, run: TurnRun, next_index: int) -> None:
+        if not inspect.isasyncgen(gen):
+            for item in gen:
+                await self._execute(item, run, next_index)
+            return
+        while True:
+            try:
+                item = await gen.__anext__()  # a cancel here is raised inside the generator itself
+            except StopAsyncIteration:
+                return
+            try:
+                await self._execute(item, run, next_index)
+            except BaseException as exc:  # cancelled while publishing: the generator sits at a yield
+                await close_generator(gen, exc)
+                raise
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def durable_state(self) -> dict[str, Any]:
+        """What an adopter needs to carry on: the work not finished, in order, and suspension."""
+        work: list[Work] = []
+        run = self.active
+        if run is not None:  # the running turn, as it stands (a cut-off one: only its handler is left)
+            kind: WorkKind = "cut" if run.interrupted_by is not None else "trigger"
+            work.append(Work(kind, run.trigger, run.index, run.turn, run.interrupted_by, run.clause))
+        elif self.current is not None and not self.current.dropped:
+            work.append(self.current)
+        work.extend(self.queue)
+        return {"suspended": self.suspended, "work": [w.to_state() for w in work]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.suspended = bool(state.get("suspended", False))
+        self.queue.extend(Work.from_state(w) for w in state.get("work", []))
+        if self.queue:
+            self._wakeup.set()

@@ -1,0 +1,40 @@
+"""What each turn published and how far the caller got: the source of "what the caller heard".
+
+The owner records the text of every chunk it publishes by (turn, seq); the edge reports the highest
+seq of each turn that reached (or was played to) the caller. An interrupted answer is cut to exactly
+the reported chunks, and corrected again when a report arrives after the cancel.
+"""
+
+from __future__ import annotations
+
+import collections
+
+RECENT_TURNS = 16  # late delivery reports only ever concern the last few turns
+
+
+class DeliveryLedger:
+    """Per turn: the text of each published chunk, and how far the edge says the caller got."""
+
+    def __init__(self, edge_reports: bool) -> None:
+        # without an edge reporting delivery (a unit test driving the runtime), what was published
+        # stands in for what was heard
+        self.edge_reports = edge_reports
+        self._chunks: dict[int, dict[int, str]] = collections.defaultdict(dict)
+        self._delivered_upto: dict[int, int] = {}
+
+    def published(self, turn: int, seq: int, text: str) -> None:
+        self._chunks[turn][seq] = text
+
+    def delivered(self, turn: int, seq: int) -> None:
+        self._delivered_upto[turn] = max(seq, self._delivered_upto.get(turn, -1))
+
+    def delivered_text(self, turn: int) -> str:
+        chunks = self._chunks.get(turn, {})
+        upto = self._delivered_upto.get(turn, -1) if self.edge_reports else max(chunks, default=-1)
+        return "".join(text for seq, text in sorted(chunks.items()) if seq <= upto)
+
+    def finished(self, turn: int) -> None:
+        """``turn`` is over: forget turns too old for a report to still matter."""
+        for old in [t for t in self._chunks if t < turn - RECENT_TURNS]:
+            self._chunks.pop(old, None)
+            self._delivered_upto.pop(old, None)

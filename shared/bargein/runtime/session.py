@@ -1,0 +1,448 @@
+"""One session, running in whichever process owns it.
+
+:class:`SessionRuntime` is the same code in process and distributed; only the transport and the
+state store behind it differ. The path of an event:
+
+1. the transport hands the decoded envelope to :meth:`SessionRuntime.handle`, one at a time in
+   mailbox order, and acknowledges it when that returns; what the session's own bridges broadcast
+   comes back through the session's inbox instead;
+2. :meth:`SessionRuntime._dispatch` gives the event the next dispatch index and hands it to every
+   route's :class:`~bargein.runtime.executor.RouteExecutor`: first to queue it (``admit``), then to
+   act on its control clauses (``control``), where an interrupt cancels the running turn at once and
+   :class:`~bargein.agent.events.TurnInterrupted` goes out before the turn has even unwound;
+3. if any route queued the event, the session is checkpointed before the event is acknowledged, so
+   a new owner would run that work; the routes do it in their own tasks, never under the dispatcher;
+4. everything a run broadcasts goes out through :meth:`SessionRuntime.publish_output`, stamped with
+   (session, turn, seq, epoch) and recorded in the :class:`~bargein.runtime.ledger.DeliveryLedger`;
+5. after each finished turn and each interrupt handler the nodes and the routes' unfinished work are
+   checkpointed to the state store under the owner's epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from opentelemetry.trace import SpanKind
+
+from bargein import tracing
+from bargein.agent.events import (
+    AgentGenerationComplete,
+    AgentResponse,
+    EndCall,
+    Event,
+    InterruptPolicy,
+    SpeechDelivered,
+    TurnInterrupted,
+)
+from bargein.agent.message import Message, Source
+from bargein.agent.nodes import Node, ReasoningNode
+from bargein.agent.routes import Bridge
+from bargein.errors import StaleEpochError
+from bargein.runtime import snapshot
+from bargein.runtime.agents import Agent, AgentSession, launch_agent
+from bargein.runtime.executor import RouteExecutor, TurnRun
+from bargein.runtime.ledger import DeliveryLedger
+from bargein.transport.abc import SessionProcessor, StateStore, Transport
+from bargein.wire.envelope import Envelope, message_of, validate_session_id
+from bargein.wire.names import OUT, TIER_REASONING, Tier
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.runtime")
+
+T = TypeVar("T")
+
+
+class SessionRuntime(SessionProcessor):
+    def __init__(
+        self,
+        session: SessionInfo,
+        transport: Transport,
+        store: StateStore,
+        *,
+        agent: Agent,
+        epoch: int,
+        owner: str,
+        tier: Tier = TIER_REASONING,
+        state_ttl_ms: int = 24 * 3600 * 1000,
+        on_end: Callable[[str], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.agent = agent
+        self.session_id = validate_session_id(session.session_id)
+        self.transport = transport
+        self.store = store
+        self.epoch = epoch
+        self.owner = owner
+        self.tier = tier
+        self.state_ttl_ms = state_ttl_ms
+        self.on_end = on_end
+        self.agent_session = AgentSession([])
+        self.executors: list[RouteExecutor] = []
+        self.ledger = DeliveryLedger(session.edge_reports_delivery)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.last_turn = 0
+        self.next_index = 0  # dispatch order, across the session's owners (checkpointed)
+        self.initial_message_sent = False
+        self.fenced = False  # another owner took the session over: write nothing more
+        self.closed = False
+        self._dirty = False
+        self._checkpoint_lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self._restored_routes: dict[str, Any] = {}
+        self._listeners: dict[type[Event], bool] = {}
+        self._inline: list[RouteExecutor] = []  # executors of routes that do not run as turns
+        self._progress = asyncio.Event()
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.agent_session = await launch_agent(self.agent, self.session)
+        self._name_nodes()
+        await self._restore()
+        for b, bridge in enumerate(self.bridges):
+            for r, route in enumerate(bridge.routes):
+                executor = RouteExecutor(route, self, f"{b}.{r}")
+                if executor.key in self._restored_routes:
+                    executor.restore(_route_state(self._restored_routes[executor.key]))
+                self.executors.append(executor)
+        self._inline = [e for e in self.executors if not e.turns]
+        for executor in self.executors:
+            executor.start()
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name=f"dispatch:{self.session_id}")
+        for node in self.nodes:
+            await self.guard(node.start(), "node start")
+        await self.guard(self.agent_session.running(self.greet), "agent start")
+        policy = InterruptPolicy(events=sorted(self.unconditional_interrupts()))
+        await self.guard(
+            self.transport.publish(Envelope.wrap(self.session_id, policy, epoch=self.epoch), OUT), "policy"
+        )
+        log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
+
+    async def close(self, *, checkpoint: bool = True) -> None:
+        """Stop working the session here. The checkpoint is taken *before* running turns are
+        cancelled, so it records them as running: the next owner resumes them rather than treating
+        the shutdown as an interrupt."""
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+            self._dispatcher = None
+        if checkpoint:
+            await self.checkpoint()
+        self.closed = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        for executor in self.executors:  # all at once: a route finishing must not let a turn start
+            executor.stop()
+        await self.guard(self.agent_session.stop(), "agent stop")
+        for executor in self.executors:
+            await executor.close()
+        for node in self.nodes:
+            await self.guard(node.cleanup(), "node cleanup")
+
+    @property
+    def bridges(self) -> list[Bridge]:
+        return self.agent_session.bridges
+
+    @property
+    def speaking_bridge(self) -> Bridge | None:
+        return self.agent_session.speaking_bridge
+
+    @property
+    def nodes(self) -> list[Node]:
+        seen: dict[int, Node] = {}
+        for bridge in self.bridges:
+            seen.setdefault(id(bridge.node), bridge.node)
+        return list(seen.values())
+
+    @property
+    def active_turns(self) -> int:
+        return sum(1 for e in self.executors if e.active is not None)
+
+    def _name_nodes(self) -> None:
+        taken = {n.id for n in self.nodes if n.id}
+        counts: collections.Counter[str] = collections.Counter()
+        for node in self.nodes:
+            if node.id:
+                continue
+            base = type(node).__name__
+            while True:
+                counts[base] += 1
+                candidate = base if counts[base] == 1 else f"{base}-{counts[base]}"
+                if candidate not in taken:
+                    break
+            node.id = candidate
+            taken.add(candidate)
+
+    # --- input -----------------------------------------------------------------------------------
+
+    async def handle(self, envelope: Envelope, event: Event) -> None:
+        """Transport handler: returns once the event has been dispatched (not once routes are done
+        with it), so the next event, an interrupt above all, is never held up by a route's work."""
+        if envelope.session != self.session_id:
+            self.count("wrong_session")
+            log.warning("session %s got a message for %s; ignored", self.session_id, envelope.session)
+            return
+        message = message_of(envelope, event)
+        if isinstance(event, SpeechDelivered):
+            if self._on_delivery_report(event):
+                await self.checkpoint()  # an interrupted answer was corrected: keep it that way
+            return
+        # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
+        # waiting for another task to be scheduled on what may be a busy event loop.
+        with tracing.span(
+            f"dispatch {envelope.type}", envelope.trace, kind=SpanKind.CONSUMER, session=self.session_id
+        ):
+            await self._dispatch(message)
+        if isinstance(event, EndCall) and self.on_end is not None:
+            self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
+
+    def _on_delivery_report(self, report: SpeechDelivered) -> bool:
+        """Record how far the caller got; True if that corrected an interrupted answer."""
+        self.ledger.delivered(report.turn, report.seq)
+        amended = False
+        for node in self.nodes:
+            if isinstance(node, ReasoningNode):
+                amended |= node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
+        return amended
+
+    async def _dispatch_loop(self) -> None:
+        """Dispatches what the session's own bridges broadcast, for its other bridges."""
+        while True:
+            await self._dispatch(await self._inbox.get())
+
+    async def _dispatch(self, message: Message) -> None:
+        """Hand ``message`` to every route that hears it, in dispatch order; checkpointed before the
+        caller acknowledges it if a route queued work for it."""
+        try:
+            index = self.next_index
+            self.next_index += 1
+            hearing = [e for e in self.executors if e.route.bridge.accepts(message)]  # origin included
+            for executor in hearing:
+                if executor.admit(message, index):
+                    self._dirty = True
+            for executor in hearing:  # interrupts act now, on what was dispatched before this event
+                await executor.control(message, index)
+            if self._dirty:
+                await self.checkpoint()
+        except Exception:
+            self.count("dispatch_errors")
+            log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
+
+    # --- the barrier turns wait at (RouteExecutor._run_turn) --------------------------------------
+
+    def earlier_work_done(self, index: int) -> bool:
+        return all(e.oldest_index is None or e.oldest_index >= index for e in self._inline)
+
+    async def wait_for_progress(self) -> None:
+        self._progress.clear()
+        await self._progress.wait()
+
+    def progressed(self) -> None:
+        self._progress.set()
+
+    async def inline_routes_idle(self) -> None:
+        """Wait until every route that does not run as turns has done what it was handed (the
+        in-process test harness waits for this, so a test sees a ``.map()``'s effect after ``emit``)."""
+        while any(e.oldest_index is not None for e in self._inline) or not self._inbox.empty():  # noqa: ASYNC110
+            await asyncio.sleep(0.001)  # two sources, and the inbox signals nothing: a test-only poll
+
+    # --- turns and output ------------------------------------------------------------------------
+
+    async def greet(self, bridge: Bridge, text: str) -> None:
+        """Say ``text`` first, as a turn of ``bridge``; only once per session, whichever process
+        runs the agent (an adopter builds it again and it asks again)."""
+        if self.initial_message_sent:
+            return
+        self.initial_message_sent = True
+        trigger = Message(AgentResponse(content=text), source=Source.SYSTEM, session=self.session_id)
+        run = TurnRun(self, trigger, bridge)
+        await self.publish_output(AgentResponse(content=text), run)
+        await self.publish_output(AgentGenerationComplete(), run)
+        if isinstance(bridge.node, ReasoningNode):
+            bridge.node.add_event(AgentResponse(content=text))
+        await self.checkpoint()
+
+    def allocate_turn(self) -> int:
+        self.last_turn += 1
+        return self.last_turn
+
+    def delivered_text(self, turn: int) -> str:
+        return self.ledger.delivered_text(turn)
+
+    async def publish_output(self, event: Event, run: TurnRun) -> None:
+        if self.closed:  # a turn still unwinding after the session moved on: nothing more goes out
+            self.count("dropped_after_close")
+            return
+        turn = run.ensure_turn()
+        seq = run.next_seq()
+        envelope = Envelope.wrap(
+            self.session_id, event, turn=turn, seq=seq, epoch=self.epoch, source=run.bridge.node.id or ""
+        )
+        if self.speaking_bridge is None or run.bridge is self.speaking_bridge:
+            if isinstance(event, AgentResponse):
+                self.ledger.published(turn, seq, event.content)
+            await self.transport.publish(envelope, OUT)
+            self.count("published")
+        else:
+            self.count("background_outputs")  # a background node: heard by the other bridges only
+        # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,
+        # which is the common case and keeps a busy worker's event loop free for interrupts
+        if self._heard_by_bridges(type(event)):
+            self._inbox.put_nowait(message_of(envelope, event))
+
+    def unconditional_interrupts(self) -> set[str]:
+        """Events that always cut off a turn the caller hears (no condition on the clause)."""
+        bridges = [self.speaking_bridge] if self.speaking_bridge is not None else self.bridges
+        return {
+            event.type_name()
+            for bridge in bridges
+            for route in bridge.routes
+            if route.runs_as_turns
+            for clause in route.interrupts
+            if clause.condition is None
+            for event in clause.types
+        }
+
+    def _heard_by_bridges(self, event_type: type[Event]) -> bool:
+        heard = self._listeners.get(event_type)
+        if heard is None:
+            heard = any(e.route.listens_to(event_type) for e in self.executors)
+            self._listeners[event_type] = heard
+        return heard
+
+    async def turn_interrupted(self, run: TurnRun) -> None:
+        self.count("interrupts")
+        self._dirty = True
+        if run.turn is None:
+            return
+        log.info(
+            "session %s: turn %d interrupted by %s",
+            self.session_id,
+            run.turn,
+            type(run.interrupted_by.event).__name__ if run.interrupted_by else "?",
+        )
+        notice = Envelope.wrap(
+            self.session_id, TurnInterrupted(turn=run.turn), turn=run.turn, epoch=self.epoch
+        )
+        await self.transport.publish(notice, OUT)
+
+    async def turn_started(self, run: TurnRun) -> None:
+        if run.resumed:
+            self.count("turns_resumed")
+            log.info("session %s: resuming turn %d after a change of owner", self.session_id, run.turn)
+        await self.checkpoint()
+
+    async def turn_finished(self, run: TurnRun | None) -> None:
+        if run is not None and run.turn is not None:
+            self.ledger.finished(run.turn)
+        await self.checkpoint()
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "last_turn": self.last_turn,
+            "next_index": self.next_index,
+            "initial_message_sent": self.initial_message_sent,
+            "nodes": {node.id: snapshot.capture(node) for node in self.nodes if node.id},
+            "routes": {e.key: e.durable_state() for e in self.executors},
+        }
+
+    async def checkpoint(self) -> None:
+        """Write the session's state under our epoch. Serialised, and the snapshot is taken inside
+        the lock, so a slow write can never overwrite a newer one."""
+        async with self._checkpoint_lock:
+            if self.fenced or self.closed:
+                return
+            self._dirty = False
+            try:
+                data = snapshot.dumps(self.snapshot())
+                await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
+                self.count("checkpoints")
+            except StaleEpochError:
+                self.fenced = True
+                self.count("fenced")
+                log.warning(
+                    "session %s: epoch %d was fenced; another owner has it", self.session_id, self.epoch
+                )
+            except Exception:
+                self._dirty = True
+                self.count("checkpoint_errors")
+                log.exception("session %s: checkpoint failed", self.session_id)
+
+    def checkpoint_soon(self) -> None:
+        """A checkpoint after work done outside a turn (a ``.map()`` that changed a node), without
+        making that route wait for it; several in a row are written once."""
+        self._dirty = True
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let what finishes in the same pass of the loop join in
+        if self._dirty:
+            await self.checkpoint()
+
+    async def _restore(self) -> None:
+        data = await self.store.load_state(self.tier, self.session_id)
+        if data is None:
+            return
+        state = snapshot.loads(data)
+        self.last_turn = int(state.get("last_turn", 0))
+        self.next_index = int(state.get("next_index", 0))
+        self.initial_message_sent = bool(state.get("initial_message_sent", False))
+        by_id = {node.id: node for node in self.nodes}
+        for node_id, attrs in state.get("nodes", {}).items():
+            node = by_id.get(node_id)
+            if node is None:
+                log.warning("session %s: checkpoint names unknown node %r", self.session_id, node_id)
+                continue
+            snapshot.restore(node, attrs)
+        self._restored_routes = dict(state.get("routes", {}))
+        log.info("session %s restored at turn %d", self.session_id, self.last_turn)
+
+    # --- errors and counters ---------------------------------------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    async def guard(self, awaitable: Awaitable[T], what: str, default: T | None = None) -> T | None:
+        """Await user code; its failure is logged and counted but never takes the session down."""
+        try:
+            return await awaitable
+        except Exception:
+            self.count(f"{what.replace(' ', '_')}_errors")
+            log.exception("session %s: %s raised", self.session_id, what)
+            return default
+
+
+def _route_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A route's checkpoint; one written before routes had their own queues (``active`` and
+    ``pending`` triggers of turn routes) reads as the same work, in the same order."""
+    if "work" in state:
+        return state
+    work: list[dict[str, Any]] = []
+    active = state.get("active")
+    if active is not None:
+        cut = active.get("interrupted_by") is not None and active.get("clause") is not None
+        work.append(
+            {
+                "kind": "cut" if cut else "trigger",
+                "index": 0,
+                "message": active["trigger"],
+                "turn": active.get("turn"),
+                "by": active.get("interrupted_by"),
+                "clause": active.get("clause"),
+            }
+        )
+    work.extend({"kind": "trigger", "index": 0, "message": raw} for raw in state.get("pending", []))
+    return {"work": work}

@@ -1,0 +1,371 @@
+"""The speech tier's session processor: caller audio in, the user's turn events out.
+
+A :class:`SpeechSession` is what a speech worker runs for each session it owns (through
+:class:`~bargein.hosting.host.SessionHost`, with a lease, like the reasoning tier). Its mailbox is bound to
+the session's audio (``bargein.audio``, ``<session>.in.#``; bounded, the oldest frames dropped). For
+each :class:`~bargein.agent.events.AudioFrame` it:
+
+1. validates the frame (whole PCM16 samples, at most ``max_frame_bytes``); a bad frame becomes a
+   :class:`~bargein.agent.events.SessionError` published ``out`` (the edge shows it to the client), is
+   counted, and the session carries on with the next frame;
+2. re-chunks the audio into 512-sample windows and hands full windows to the process's
+   :class:`~bargein.speech.batcher.VadBatcher`;
+3. receives the probabilities in window order and feeds them to its
+   :class:`~bargein.speech.turns.TurnPolicy`, whose events (``UserStartedSpeaking``, the barge-in, a
+   control event the transport publishes at high priority; ``UserStoppedSpeaking``;
+   ``FalseInterruption``) it publishes ``in``, stamped ``source="speech"``, its owner epoch and a
+   per-session increasing ``seq``.
+
+There is no checkpoint: VAD state is a few hundred milliseconds of context and is worthless to an
+adopter, which starts from silence (a burst in progress at the hand-over is detected again from
+where the new owner's audio begins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from bargein import tracing
+from bargein.agent.events import (
+    SAMPLE_RATE,
+    AudioFrame,
+    EndCall,
+    Event,
+    SessionError,
+    SessionErrorCode,
+    UserTranscriptionReceived,
+)
+from bargein.agent.message import Source
+from bargein.hosting.host import Ownership, ProcessorFactory
+from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, load
+from bargein.speech.batcher import VadBatcher
+from bargein.speech.transcriber import NullTranscriber, Transcriber
+from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
+from bargein.speech.vad import WINDOW_BYTES, shared_model
+from bargein.transport.abc import SessionProcessor, Transport
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, OUT, Direction
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.speech")
+
+PRE_ROLL_WINDOWS = 5  # audio kept from before a burst's first voiced window, for the transcriber
+MAX_TURN_WINDOWS = 30 * SAMPLE_RATE // 512  # at most 30 s of a turn's audio is kept per session
+FLUSH_TIMEOUT_S = 2.0  # on close, how long queued events may take to publish
+LOGGED_BAD_FRAMES = 3  # per session, the first few bad frames are logged; all are counted
+
+
+class SpeechSession(SessionProcessor):
+    """One session's speech detection in its owner process: validate, re-chunk, batch, decide,
+    publish. Events leave through one queue and one publishing task, so they go out in the order the
+    policy decided them while neither the mailbox handler nor the batcher ever waits on the broker."""
+
+    def __init__(
+        self,
+        own: Ownership,
+        *,
+        settings: SpeechSettings,
+        batcher: VadBatcher,
+        transcriber: Transcriber | None = None,
+    ) -> None:
+        self.info: SessionInfo = own.info
+        self.session_id = own.info.session_id
+        self.transport: Transport = own.transport
+        self.epoch = own.epoch
+        self.owner = own.owner
+        self.on_end = own.on_end
+        self.fenced = False
+        self.settings = settings
+        self.batcher = batcher
+        self.transcriber: Transcriber = transcriber or NullTranscriber()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.policy = TurnPolicy(TurnConfig.from_settings(settings))
+        self.closed = False
+        self._seq = itertools.count()
+        self._partial = bytearray()
+        self._slot = batcher.register(self.session_id, self._on_probabilities)
+        self._probabilities: collections.deque[float] = collections.deque()
+        self._busy = False  # a transcription is in flight: the policy waits for it
+        self._asked = False  # the transcriber was asked about the current burst
+        # turn audio, kept only when a transcriber can use it
+        self._keep_audio = not isinstance(self.transcriber, NullTranscriber)
+        self._unfed: collections.deque[bytes] = collections.deque()  # windows awaiting their probability
+        self._pre_roll: collections.deque[bytes] = collections.deque(maxlen=PRE_ROLL_WINDOWS)
+        self._turn_audio: list[bytes] = []
+        self._outbox: asyncio.Queue[tuple[Event, Direction]] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._publisher: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        base = TurnConfig.from_settings(self.settings)
+        try:
+            config = base.with_overrides(self.info.options.get(TURN_TAKING_OPTION))
+        except TurnTakingError as exc:
+            # the session still works, with the service's settings; the client is told why
+            log.warning("session %s: %s; using the service's turn-taking settings", self.session_id, exc)
+            self.counters["bad_turn_taking"] += 1
+            self._send(SessionError(code=SessionErrorCode.BAD_TURN_TAKING, message=str(exc)), OUT)
+            config = base
+        self.policy = TurnPolicy(config)
+        self._publisher = asyncio.create_task(self._publish_loop(), name=f"speech-out:{self.session_id}")
+        log.info(
+            "session %s: speech detection running (epoch %d; threshold %.2f, barge-in after %.0f ms, "
+            "turn ends after %.0f ms of silence, false interruption under %.0f ms)",
+            self.session_id,
+            self.epoch,
+            config.speech_threshold,
+            config.min_interruption_ms,
+            config.min_silence_ms,
+            config.false_interruption_timeout_ms,
+        )
+
+    async def close(self, *, checkpoint: bool = True) -> None:
+        """Stop here. ``checkpoint`` is accepted and ignored: the speech tier keeps no state worth
+        restoring (an adopter starts from silence)."""
+        if self.closed:
+            return
+        self.batcher.unregister(self._slot)
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self.fenced and self._publisher is not None:  # what was decided still goes out
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._outbox.join(), FLUSH_TIMEOUT_S)
+        self.closed = True
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+        c = self.counters
+        log.info(
+            "session %s: speech detection stopped here (%d frames, %d bad, %d windows, %d events published)",
+            self.session_id,
+            c["frames"],
+            c["bad_frames"],
+            self.policy.windows,
+            c["published"],
+        )
+
+    @property
+    def active_turns(self) -> int:
+        """1 while the user holds the floor (between UserStartedSpeaking and the burst's end)."""
+        return 1 if self.policy.speaking else 0
+
+    # --- audio in --------------------------------------------------------------------------------
+
+    def _frame_problem(self, data: bytes) -> tuple[str, str] | None:
+        if len(data) > self.settings.max_frame_bytes:
+            return SessionErrorCode.FRAME_TOO_LARGE, (
+                f"audio frame of {len(data)} bytes exceeds the {self.settings.max_frame_bytes}-byte limit"
+            )
+        if len(data) % 2:
+            return SessionErrorCode.BAD_AUDIO_FRAME, (
+                f"audio frame of {len(data)} bytes is not whole 16-bit samples (16 kHz mono PCM16 expected)"
+            )
+        return None
+
+    async def handle(self, envelope: Envelope, event: Event) -> None:
+        """One mailbox message. Returns at once unless this session's windows are piling up in the
+        batcher, in which case it waits for room (so excess audio waits in the bounded mailbox,
+        where the oldest is dropped, instead of here)."""
+        if isinstance(event, EndCall):  # the call is over: stop owning it (the mailbox hears this one)
+            self.on_end(self.session_id)
+            return
+        if not isinstance(event, AudioFrame):
+            self.counters["ignored"] += 1
+            log.debug("session %s: ignoring %s on the audio lane", self.session_id, envelope.type)
+            return
+        data = event.data
+        problem = self._frame_problem(data)
+        if problem is not None:
+            code, message = problem
+            self.counters["bad_frames"] += 1
+            if self.counters["bad_frames"] <= LOGGED_BAD_FRAMES:
+                log.warning("session %s: %s (seq %d); frame dropped", self.session_id, message, envelope.seq)
+            self._send(SessionError(code=code, message=message), OUT)
+            return
+        self.counters["frames"] += 1
+        self.counters["bytes"] += len(data)
+        partial = self._partial
+        partial.extend(data)
+        while len(partial) >= WINDOW_BYTES:
+            window = bytes(partial[:WINDOW_BYTES])
+            del partial[:WINDOW_BYTES]
+            if self._keep_audio:
+                self._unfed.append(window)
+            self.batcher.submit(self._slot, window)
+        await self._slot.wait_for_room()
+
+    # --- probabilities → policy → events --------------------------------------------------------
+
+    def _on_probabilities(self, probabilities: list[float]) -> None:
+        """Called by the batcher, in window order."""
+        self._probabilities.extend(probabilities)
+        if not self._busy:
+            self._advance()
+
+    def _advance(self) -> None:
+        policy = self.policy
+        queue = self._probabilities
+        while queue:
+            probability = queue[0]
+            if self._keep_audio and not self._asked and policy.would_end_burst(probability):
+                # the burst ends with this window: get its transcript before the policy decides
+                self._asked = self._busy = True
+                self._spawn(self._transcribe(b"".join(self._turn_audio)))
+                return
+            queue.popleft()
+            before = policy.state
+            emissions = policy.feed(probability)
+            if self._keep_audio:
+                self._track_audio(before, policy.state)
+            for emission in emissions:
+                self._announce(emission)
+                self._send(emission.event, IN)
+            if policy.state is State.SILENT:
+                self._asked = False
+
+    def _track_audio(self, before: State, after: State) -> None:
+        """Keep the current burst's audio (plus a little pre-roll) for the transcriber."""
+        window = self._unfed.popleft() if self._unfed else b""
+        if before is State.SILENT and after is not State.SILENT:
+            self._turn_audio = [*self._pre_roll, window]
+        elif after is not State.SILENT and len(self._turn_audio) < MAX_TURN_WINDOWS:
+            self._turn_audio.append(window)
+        elif after is State.SILENT:
+            self._turn_audio = []
+            self._pre_roll.append(window)
+
+    async def _transcribe(self, audio: bytes) -> None:
+        try:
+            text = await self.transcriber.transcribe(
+                audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
+            )
+        except Exception:
+            self.counters["transcriber_errors"] += 1
+            log.exception(
+                "session %s: the transcriber failed; the turn goes on without text", self.session_id
+            )
+            text = None
+        if text and text.strip():
+            self.counters["transcripts"] += 1
+            self._send(UserTranscriptionReceived(content=text.strip()), IN)
+            self.policy.note_transcript()
+        self._busy = False
+        if not self.closed:
+            self._advance()
+
+    def _announce(self, emission: Emission) -> None:
+        end = (
+            "" if emission.speech_end_ms is None else f", speech until {emission.speech_end_ms / 1000:.3f} s"
+        )
+        log.info(
+            "session %s: %s at %.3f s of audio (speech from %.3f s%s)",
+            self.session_id,
+            emission.event.type_name(),
+            emission.at_ms / 1000,
+            emission.speech_start_ms / 1000,
+            end,
+        )
+
+    # --- events out ------------------------------------------------------------------------------
+
+    def _send(self, event: Event, direction: Direction) -> None:
+        """Queue ``event`` for publishing, in order; nothing once the lease is lost."""
+        if self.fenced or self.closed:
+            self.counters["dropped_fenced"] += 1
+            return
+        self._outbox.put_nowait((event, direction))
+
+    async def _publish_loop(self) -> None:
+        while True:
+            event, direction = await self._outbox.get()
+            try:
+                if self.fenced:
+                    self.counters["dropped_fenced"] += 1
+                    continue
+                # Output toward the edge carries epoch 0: the edge's TurnFence keeps one epoch per
+                # session, the reasoning owner's, and a speech epoch (counted separately, per tier)
+                # that happened to be higher would make it drop the agent's answers as stale.
+                epoch = self.epoch if direction == IN else 0
+                try:
+                    # each detected event starts a trace: the turn it starts or cuts off follows it
+                    with tracing.span(f"speech {event.type_name()}", session=self.session_id):
+                        envelope = Envelope.wrap(
+                            self.session_id, event, seq=next(self._seq), epoch=epoch, source=Source.SPEECH
+                        )
+                        await self.transport.publish(envelope, direction)
+                except Exception as exc:  # the broker refused it (an interrupt no mailbox takes, say)
+                    self.counters["publish_errors"] += 1
+                    log.warning(
+                        "session %s: publishing %s failed: %s: %s",
+                        self.session_id,
+                        envelope.type,
+                        type(exc).__name__,
+                        exc,
+                    )
+                else:
+                    self.counters["published"] += 1
+            finally:
+                self._outbox.task_done()
+
+    # --- housekeeping ----------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class SpeechSessions:
+    """The speech tier's :data:`~bargein.hosting.host.ProcessorFactory`: every session it makes shares one
+    :class:`VadBatcher` (and so one model and one inference thread)."""
+
+    def __init__(
+        self,
+        settings: SpeechSettings,
+        *,
+        batcher: VadBatcher | None = None,
+        transcriber: Transcriber | None = None,
+    ) -> None:
+        self.settings = settings
+        self.batcher = batcher or VadBatcher(tick_ms=settings.vad_tick_ms, max_batch=settings.vad_max_batch)
+        self.transcriber = transcriber
+
+    def __call__(self, own: Ownership) -> SpeechSession:
+        return SpeechSession(
+            own,
+            settings=self.settings,
+            batcher=self.batcher,
+            transcriber=self.transcriber,
+        )
+
+
+def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None) -> ProcessorFactory:
+    """What ``bargein speech`` runs: load the speech settings (a bad value fails here,
+    at start-up, naming the variable), load the model once, build the process's batcher."""
+    settings = load(SpeechSettings)
+    load(BrokerSettings)  # validated here too, so a bad broker setting fails at start-up
+    model = shared_model()  # fail at start-up, not with the first caller, if the model is missing
+    batcher = VadBatcher(model, tick_ms=settings.vad_tick_ms, max_batch=settings.vad_max_batch)
+    log.info(
+        "speech tier: Silero VAD, batches of up to %d sessions every %.1f ms; frames up to %d bytes",
+        settings.vad_max_batch,
+        settings.vad_tick_ms,
+        settings.max_frame_bytes,
+    )
+    factory: Callable[[Ownership], SpeechSession] = SpeechSessions(
+        settings,
+        batcher=batcher,
+        transcriber=transcriber,  # sessions gone quiet are ended by the host (BARGEIN_SESSION_IDLE_S)
+    )
+    return factory

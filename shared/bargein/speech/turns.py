@@ -1,0 +1,203 @@
+"""Turn-taking: from one VAD probability per 32 ms window to the user's turn events.
+
+:class:`TurnPolicy` is a pure state machine (no I/O, no clock): it counts windows, so it gives the
+same events for the same audio however fast the audio arrives, and tests can drive it with plain
+lists of numbers. Times are milliseconds from the start of the session's audio stream.
+
+The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridable per session):
+
+* A window is *voiced* when its probability is at least ``speech_threshold``; once voiced, windows
+  stay voiced down to ``speech_threshold - 0.15`` (Silero's own hysteresis, so a dip mid-word is
+  not a pause).
+* A *burst* starts at the first voiced window and lasts until ``min_silence_ms`` of unvoiced
+  windows; pauses shorter than that are part of the burst. Its end is where that silence began.
+* :class:`UserStartedSpeaking` (the barge-in) is emitted once a burst holds ``min_interruption_ms``
+  of voiced windows; a burst with less (a click, a breath) emits nothing at all.
+* When a burst that emitted :class:`UserStartedSpeaking` ends, the policy emits
+  :class:`UserStoppedSpeaking`, except when the burst lasted at most
+  ``false_interruption_timeout_ms`` and no transcript arrived for it: then it emits
+  :class:`FalseInterruption` instead, so the reasoning side can resume the answer it cut off (a
+  cough, an "mm-hm") rather than start a new turn. Whether a transcript arrived is asked of the
+  ``transcript`` callback, or set with :meth:`TurnPolicy.note_transcript`.
+
+Per-session overrides come from the session start's ``options["turn_taking"]``, a dict with the
+:class:`SpeechSettings` field names (``threshold`` is accepted for ``speech_threshold``); they are
+validated with the same bounds as the environment variables, and every problem is named
+(:func:`bargein.settings.check_turn_taking`, which the edge also applies when a session is created).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bargein.agent.events import Event, FalseInterruption, UserStartedSpeaking, UserStoppedSpeaking
+from bargein.errors import TurnTakingError
+from bargein.settings import (
+    TURN_TAKING_FIELDS,
+    TURN_TAKING_OPTION,
+    SpeechSettings,
+    check_turn_taking,
+    turn_taking_defaults,
+)
+from bargein.speech.vad import WINDOW_MS
+
+__all__ = ["TURN_TAKING_OPTION", "Emission", "State", "TurnConfig", "TurnPolicy", "TurnTakingError"]
+
+HYSTERESIS = 0.15  # Silero's recommended gap between the onset and the offset threshold
+MIN_OFFSET_THRESHOLD = 0.01
+HISTORY = 256
+_DEFAULTS = turn_taking_defaults()  # the SpeechSettings defaults: one source for both
+
+
+@dataclass(frozen=True)
+class TurnConfig:
+    """The four numbers the policy runs on."""
+
+    speech_threshold: float = _DEFAULTS["speech_threshold"]
+    min_interruption_ms: float = _DEFAULTS["min_interruption_ms"]
+    min_silence_ms: float = _DEFAULTS["min_silence_ms"]
+    false_interruption_timeout_ms: float = _DEFAULTS["false_interruption_timeout_ms"]
+
+    @property
+    def offset_threshold(self) -> float:
+        return max(self.speech_threshold - HYSTERESIS, MIN_OFFSET_THRESHOLD)
+
+    @classmethod
+    def from_settings(cls, settings: SpeechSettings) -> TurnConfig:
+        return cls(**{name: float(getattr(settings, name)) for name in TURN_TAKING_FIELDS})
+
+    def with_overrides(self, overrides: Any) -> TurnConfig:
+        """This config with a session's ``turn_taking`` options applied; :class:`TurnTakingError`
+        naming each bad field (unknown names included) otherwise."""
+        values = check_turn_taking(overrides)
+        return dataclasses.replace(self, **values) if values else self
+
+
+class State(enum.Enum):
+    SILENT = "silent"  # no burst
+    PENDING = "pending"  # a burst too short so far to be a barge-in
+    SPEAKING = "speaking"  # UserStartedSpeaking was emitted for this burst
+
+
+@dataclass(frozen=True)
+class Emission:
+    """One event the policy emitted, with where it sits in the audio (ms from stream start).
+
+    ``at_ms`` is the end of the window that decided it. ``speech_start_ms`` is where its burst's
+    first voiced window began; ``speech_end_ms`` (stop and false interruption only) is where the
+    silence that ended the burst began.
+    """
+
+    event: Event
+    at_ms: float
+    speech_start_ms: float
+    speech_end_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A finished burst, emitted or not (for tests and logs)."""
+
+    start_ms: float
+    end_ms: float
+    voiced_ms: float
+    outcome: str  # "ignored" (too short), "stopped" or "false_interruption"
+
+
+@dataclass
+class TurnPolicy:
+    """Feed it :meth:`feed` one probability per window, in order; it returns what to publish."""
+
+    config: TurnConfig = field(default_factory=TurnConfig)
+    transcript: Callable[[], bool] | None = None
+    window_ms: float = WINDOW_MS
+
+    state: State = State.SILENT
+    windows: int = 0
+    # the latest emissions and bursts, for tests and logs (bounded: a call can last hours)
+    emissions: collections.deque[Emission] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    bursts: collections.deque[Burst] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    _voiced: bool = False
+    _burst_start_ms: float = 0.0
+    _voiced_ms: float = 0.0
+    _silence_start_ms: float | None = None
+    _transcribed: bool = False
+
+    @property
+    def speaking(self) -> bool:
+        """True from UserStartedSpeaking until the burst ends: the user holds the floor."""
+        return self.state is State.SPEAKING
+
+    def note_transcript(self) -> None:
+        """A transcript arrived for the current burst: when it ends it is a turn, never a false
+        interruption."""
+        self._transcribed = True
+
+    def _is_voiced(self, probability: float) -> bool:
+        threshold = self.config.offset_threshold if self._voiced else self.config.speech_threshold
+        return probability >= threshold
+
+    def would_end_burst(self, probability: float) -> bool:
+        """Whether feeding ``probability`` next would end a burst that emitted UserStartedSpeaking.
+        The service asks this to get a transcript for the burst before the policy decides."""
+        if self.state is not State.SPEAKING or self._is_voiced(probability):
+            return False
+        start = (
+            self._silence_start_ms if self._silence_start_ms is not None else self.windows * self.window_ms
+        )
+        return (self.windows + 1) * self.window_ms - start >= self.config.min_silence_ms
+
+    def feed(self, probability: float) -> list[Emission]:
+        """One window's probability → the events it causes (usually none)."""
+        start_ms = self.windows * self.window_ms
+        self.windows += 1
+        end_ms = self.windows * self.window_ms
+        voiced = self._is_voiced(probability)
+        self._voiced = voiced
+        out: list[Emission] = []
+        if self.state is State.SILENT:
+            if not voiced:
+                return out
+            self.state = State.PENDING
+            self._burst_start_ms = start_ms
+            self._voiced_ms = 0.0
+            self._silence_start_ms = None
+            self._transcribed = False
+        if voiced:
+            self._voiced_ms += self.window_ms
+            self._silence_start_ms = None
+            if self.state is State.PENDING and self._voiced_ms >= self.config.min_interruption_ms:
+                self.state = State.SPEAKING
+                out.append(self._emit(UserStartedSpeaking(), end_ms))
+            return out
+        if self._silence_start_ms is None:
+            self._silence_start_ms = start_ms
+        if end_ms - self._silence_start_ms >= self.config.min_silence_ms:
+            out.extend(self._end_burst(end_ms, self._silence_start_ms))
+        return out
+
+    def _end_burst(self, at_ms: float, speech_end_ms: float) -> list[Emission]:
+        duration = speech_end_ms - self._burst_start_ms
+        was, self.state = self.state, State.SILENT
+        self._silence_start_ms = None
+        if was is State.PENDING:
+            self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "ignored"))
+            return []
+        transcribed = self._transcribed or (self.transcript is not None and self.transcript())
+        if duration <= self.config.false_interruption_timeout_ms and not transcribed:
+            self.bursts.append(
+                Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "false_interruption")
+            )
+            return [self._emit(FalseInterruption(duration_ms=duration), at_ms, speech_end_ms)]
+        self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "stopped"))
+        return [self._emit(UserStoppedSpeaking(), at_ms, speech_end_ms)]
+
+    def _emit(self, event: Event, at_ms: float, speech_end_ms: float | None = None) -> Emission:
+        emission = Emission(event, at_ms, self._burst_start_ms, speech_end_ms)
+        self.emissions.append(emission)
+        return emission

@@ -1,0 +1,150 @@
+"""The caller's side of a session, over any transport: emit events, receive what a client would.
+
+:class:`Caller` plays the two outer roles of a conversation for tests, benchmarks and the demo: the
+caller (``emit``) and the client edge (``next``). As the edge it applies the same
+:class:`~bargein.wire.fence.TurnFence` the broadcast service does, so after an interrupt no chunk of the
+interrupted turn is ever returned, even one already queued; and it reports each chunk it hands out
+as delivered, so the agent's history keeps exactly the text that was consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from bargein.agent.events import (
+    AgentGenerationComplete,
+    AgentResponse,
+    EndCall,
+    Event,
+    InterruptPolicy,
+    SpeechDelivered,
+    TurnInterrupted,
+)
+from bargein.agent.message import Source
+from bargein.transport.abc import Subscription, Transport
+from bargein.wire.envelope import Envelope
+from bargein.wire.fence import TurnFence
+from bargein.wire.names import IN, OUT, TIER_EDGE
+
+E = TypeVar("E", bound=Event)
+
+
+class Caller:
+    def __init__(
+        self,
+        transport: Transport,
+        session_id: str,
+        *,
+        report_delivery: bool = True,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.session_id = session_id
+        self.report_delivery = report_delivery
+        self._settle = settle
+        self.fence = TurnFence()
+        self.interrupted_turns: list[int] = []
+        self.policy: set[str] = set()  # what the owner says always interrupts (InterruptPolicy)
+        self.ended = False
+        self.received: list[tuple[Envelope, Event]] = []  # everything handed out by next()
+        self._buffer: collections.deque[tuple[Envelope, Event]] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._seq = itertools.count()
+        self._edge: Subscription | None = None
+
+    async def attach(self) -> None:
+        """Start receiving the session's output (declares the edge mailbox)."""
+        self._edge = await self.transport.open_mailbox(self.session_id, TIER_EDGE, OUT, self._on_output)
+
+    async def detach(self) -> None:
+        if self._edge is not None:
+            await self._edge.cancel()
+            self._edge = None
+
+    async def settle(self) -> None:
+        if self._settle is not None:
+            await self._settle()
+
+    # --- the caller ------------------------------------------------------------------------------
+
+    async def emit(self, event: Event) -> Envelope:
+        envelope = Envelope.wrap(self.session_id, event, seq=next(self._seq), source=Source.USER)
+        await self.transport.publish(envelope, IN)
+        await self.settle()
+        return envelope
+
+    # --- the edge --------------------------------------------------------------------------------
+
+    async def _on_output(self, envelope: Envelope, event: Event) -> None:
+        if isinstance(event, InterruptPolicy):
+            self.policy = set(event.events)
+            return
+        if isinstance(event, TurnInterrupted):
+            if self.fence.interrupt(event.turn):
+                self.interrupted_turns.append(event.turn)
+                kept = [item for item in self._buffer if not self.fence.is_fenced(item[0].turn)]
+                self.fence.dropped["interrupted_turn"] += len(self._buffer) - len(kept)
+                self._buffer = collections.deque(kept)
+            self._arrived.set()
+            return
+        if self.fence.admit(envelope):
+            self._buffer.append((envelope, event))
+            self._arrived.set()
+
+    async def wait_interrupted(self, turn: int, timeout: float = 5.0) -> None:
+        """Wait until the edge has seen turn ``turn`` interrupted."""
+        async with asyncio.timeout(timeout):
+            while turn not in self.interrupted_turns:
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def next_envelope(self, timeout: float = 5.0) -> tuple[Envelope, Event]:
+        async with asyncio.timeout(timeout):
+            while not self._buffer:
+                self._arrived.clear()
+                await self._arrived.wait()
+        envelope, event = self._buffer.popleft()
+        self.received.append((envelope, event))
+        if self.report_delivery and isinstance(event, AgentResponse):
+            report = SpeechDelivered(turn=envelope.turn, seq=envelope.seq)
+            await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)
+        if isinstance(event, EndCall) and envelope.source not in Source.CALLER_SIDE:
+            # the agent hung up and everything before it was handed out: end the session, as the
+            # broadcast edge does, so its owners let it go
+            hangup = EndCall(reason="agent ended the call")
+            await self.transport.publish(Envelope.wrap(self.session_id, hangup, source=Source.EDGE), IN)
+            self.ended = True
+        return envelope, event
+
+    async def next(self, timeout: float = 5.0) -> Event:
+        """The next event the agent broadcast that a client would receive."""
+        return (await self.next_envelope(timeout))[1]
+
+    async def expect(self, event_type: type[E], timeout: float = 5.0) -> E:
+        event = await self.next(timeout)
+        if not isinstance(event, event_type):
+            raise AssertionError(f"expected {event_type.__name__}, got {event!r}")
+        return event
+
+    async def collect_turn(self, timeout: float = 10.0) -> list[Event]:
+        """Events up to and including the next ``AgentGenerationComplete``."""
+        events: list[Event] = []
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.next(timeout)
+                events.append(event)
+                if isinstance(event, AgentGenerationComplete):
+                    return events
+
+    async def quiet(self, seconds: float) -> list[Event]:
+        """Wait ``seconds`` and return whatever arrived (tests use it to assert 'nothing more')."""
+        await asyncio.sleep(seconds)
+        await self.settle()
+        out = [event for _, event in self._buffer]
+        self.received.extend(self._buffer)
+        self._buffer.clear()
+        return out

@@ -1,0 +1,779 @@
+"""``bargein bench interrupt``: how long an interrupt takes to reach a streaming generation.
+
+With N sessions streaming, the bench measures the time from publishing ``UserStartedSpeaking`` to the
+generation's ``CancelledError`` in the reasoning process, and prints its p50/p99 beside a raw
+aio-pika publish → consume hop measured in the same run, on the same broker and machine. The
+project's targets are ratios against that baseline (p50 within 1.5x, p99 within 2x at 200 streaming
+sessions), because absolute milliseconds depend on the machine and on whatever else it is doing;
+a ratio measured in one run does not. Missing a target is a result, not an error: the bench reports
+it and exits 0.
+
+What runs, all real:
+
+* ``workers`` reasoning processes (``bargein reasoning``) running
+  :func:`bargein.tools.bench_agents.agent`, whose generations stream a few words every ``chunk_period_s``
+  until they are interrupted, and which report each interrupt's latency to a Redis list;
+* one raw-hop consumer (``python -m bargein.tools.bench_agents RUN_ID``), a bare aio-pika consumer that
+  reports each raw message's latency to another Redis list;
+* this process, which creates the sessions, plays their caller (one :class:`~bargein.testing.caller.Caller`
+  each, used only to publish) and their client edge (a bare consumer per edge mailbox that only
+  counts chunks, to keep the bench's own CPU use small), and interleaves interrupts and raw
+  messages, one of each per ``sample_interval_s``. After each interrupt it starts a new turn on
+  that session, so the number of streaming sessions stays at N for the whole run.
+
+Everything the bench creates is named with a run id and removed at the end, even on error or
+Ctrl-C: the child processes are stopped (SIGTERM, then SIGKILL), sessions are ended and forgotten,
+mailboxes and Redis lists deleted. Nothing shared is purged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+import os
+import random
+import signal
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO
+
+import aio_pika
+import msgpack
+import redis.asyncio as aioredis
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aiormq.exceptions import AMQPError
+from redis.exceptions import RedisError
+
+from bargein.agent.events import EndCall, UserStartedSpeaking, UserStoppedSpeaking
+from bargein.errors import BargeinError
+from bargein.hosting.sessions import create_session, forget_session
+from bargein.settings import BrokerSettings, load
+from bargein.testing.caller import Caller
+from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import (
+    OUT,
+    TIER_EDGE,
+    TIER_REASONING,
+    mailbox_queue,
+    session_directory_key,
+    session_work_queue,
+)
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.tools.bench")
+
+# --- names the bench adds ---------------------------------------------------------------------------
+# bargein.wire.names holds the product's names; these exist only while a bench runs. Each carries the run
+# id, so concurrent runs never mix, and the bench removes them at the end (the Redis lists also
+# expire by themselves, in case a run is killed before its clean-up).
+BENCH_KEY_PREFIX = "bargein-bench"  # Redis lists: bargein-bench:{<run>}:interrupt and ...:raw
+RAW_HOP_QUEUE_PREFIX = "bargein.bench.rawhop"  # RabbitMQ: bargein.bench.rawhop.<run>, exclusive
+SAMPLES_TTL_S = 3600
+
+
+def interrupt_samples_key(run_id: str) -> str:
+    """Redis list: one "interrupt published → CancelledError" latency (seconds) per sample."""
+    return f"{BENCH_KEY_PREFIX}:{{{run_id}}}:interrupt"
+
+
+def raw_samples_key(run_id: str) -> str:
+    """Redis list: one raw "publish → consume" latency (seconds) per sample."""
+    return f"{BENCH_KEY_PREFIX}:{{{run_id}}}:raw"
+
+
+def raw_hop_queue(run_id: str) -> str:
+    """The raw-hop consumer's queue (default exchange, exclusive to the consumer's connection)."""
+    return f"{RAW_HOP_QUEUE_PREFIX}.{run_id}"
+
+
+# Session options the bench agent reads.
+OPT_RUN = "bench_run"
+OPT_CHUNK_PERIOD_S = "chunk_period_s"
+OPT_WORDS_PER_CHUNK = "words_per_chunk"
+DEFAULT_CHUNK_PERIOD_S = 0.1
+DEFAULT_WORDS_PER_CHUNK = 8
+
+RAW_HOP_BODY = struct.Struct("!d")  # the raw message: the sender's time.time()
+RAW_HOP_READY = "bench raw-hop consumer ready"
+WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it consumes session starts
+BENCH_AGENT = "bargein.tools.bench_agents:agent"
+
+P50_TARGET = 1.5
+P99_TARGET = 2.0
+
+START_TIMEOUT_S = 60.0  # a child process must be ready within this (imports are slow on a busy box)
+STOP_TIMEOUT_S = 15.0  # SIGTERM → SIGKILL
+RESULTS_TIMEOUT_S = 15.0  # how long to wait for the last samples to be reported
+END_TIMEOUT_S = 10.0  # how long the workers get to forget the ended sessions
+PROGRESS_EVERY_S = 2.0
+
+
+class BenchError(BargeinError):
+    """The bench could not run or measure (a missed target is not an error)."""
+
+
+def _say(out: TextIO, text: str) -> None:
+    print(text, file=out, flush=True)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of already sorted values, interpolating linearly between
+    neighbours (numpy's default); NaN for no values."""
+    if not sorted_values:
+        return math.nan
+    position = (len(sorted_values) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def summarize(seconds: list[float]) -> dict[str, Any]:
+    """count, p50, p99 and max in milliseconds."""
+    ms = sorted(value * 1000 for value in seconds)
+    return {
+        "count": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": ms[-1] if ms else math.nan,
+    }
+
+
+# --- child processes --------------------------------------------------------------------------------
+
+
+class _Child:
+    """A child process whose output is read continuously (a full pipe would stall it) and kept as a
+    short tail for error messages."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, ready_marker: str) -> None:
+        self.name = name
+        self.proc = proc
+        self.ready = asyncio.Event()
+        self.tail: collections.deque[str] = collections.deque(maxlen=15)
+        self._marker = ready_marker
+        self.reader = asyncio.create_task(self._read(), name=f"bench-read:{name}")
+
+    async def _read(self) -> None:
+        stream = self.proc.stdout
+        if stream is None:
+            return
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the stream's limit: take it in pieces
+                line = await stream.read(64 * 1024)
+            if not line:
+                return
+            text = line.decode(errors="replace").rstrip()
+            self.tail.append(text)
+            if self._marker in text:
+                self.ready.set()
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def last_output(self) -> str:
+        return "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
+
+
+class _Processes:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.children: list[_Child] = []
+
+    async def start(self, name: str, args: list[str], env: dict[str, str], ready_marker: str) -> _Child:
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.PIPE,  # the raw-hop consumer exits when it closes
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C reaches only the bench, which stops them in order
+        )
+        child = _Child(name, proc, ready_marker)
+        self.children.append(child)
+        _say(self.out, f"  started {name} (pid {proc.pid})")
+        return child
+
+    async def wait_ready(self, child: _Child, timeout: float = START_TIMEOUT_S) -> None:
+        ready = asyncio.ensure_future(child.ready.wait())
+        exited = asyncio.ensure_future(child.proc.wait())
+        try:
+            await asyncio.wait({ready, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            exited.cancel()
+        if child.ready.is_set():
+            return
+        if not child.running:
+            await asyncio.wait({child.reader}, timeout=1.0)  # the rest of its output
+            raise BenchError(
+                f"{child.name} exited with code {child.proc.returncode} before it was ready:\n"
+                f"{child.last_output()}"
+            )
+        raise BenchError(f"{child.name} was not ready after {timeout:.0f} s:\n{child.last_output()}")
+
+    def check(self) -> None:
+        """Fail at once if a child died, rather than wait for samples that will never come."""
+        for child in self.children:
+            if not child.running:
+                raise BenchError(
+                    f"{child.name} exited with code {child.proc.returncode} during the run:\n"
+                    f"{child.last_output()}"
+                )
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM every child (the workers drain), SIGKILL whatever is left after ``timeout``."""
+        running = [child for child in self.children if child.running]
+        try:
+            for child in running:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+                if child.proc.stdin is not None:
+                    child.proc.stdin.close()
+            if running:
+                await asyncio.wait({asyncio.ensure_future(c.proc.wait()) for c in running}, timeout=timeout)
+            for child in running:
+                if child.running:
+                    _say(self.out, f"  {child.name} did not stop within {timeout:.0f} s: killing it")
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+                    await asyncio.wait_for(child.proc.wait(), timeout)
+        finally:  # even if the waiting above was interrupted: never leave a child behind
+            for child in self.children:
+                if child.running:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+                child.reader.cancel()
+        if running:
+            codes = ", ".join(f"{c.name} {c.proc.returncode}" for c in running)
+            _say(self.out, f"  stopped {len(running)} processes (exit codes: {codes})")
+
+
+# --- the client edge --------------------------------------------------------------------------------
+
+
+class _Session:
+    __slots__ = ("caller", "chunks", "sampled_turn", "sid", "turn")
+
+    def __init__(self, sid: str, caller: Caller) -> None:
+        self.sid = sid
+        self.caller = caller
+        self.chunks = 0
+        self.turn = 0  # the newest turn a chunk arrived from
+        self.sampled_turn = 0  # the turn the last interrupt was aimed at
+
+
+class _Edge:
+    """The sessions' client edge, as cheap as it can be: each edge mailbox is consumed without
+    acknowledgements by a handler that reads only the envelope's type and turn (msgpack, no
+    validation) and counts chunks, so the queues never grow and the bench's own CPU stays small.
+
+    A session is *ready* to be sampled while it streams a turn no interrupt was aimed at yet.
+    """
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, _Session] = {}
+        self.ready: set[str] = set()
+        self.chunks = 0
+        self.streaming = 0  # sessions that have received at least one chunk
+        self.undecodable = 0
+
+    def handler(self, session: _Session) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            try:
+                data = msgpack.unpackb(message.body, raw=False)
+                kind, turn = data["type"], int(data["turn"])
+            except Exception:
+                self.undecodable += 1
+                return
+            if kind != "AgentResponse":
+                return
+            self.chunks += 1
+            if session.chunks == 0:
+                self.streaming += 1
+            session.chunks += 1
+            if turn > session.turn:
+                session.turn = turn
+            if session.turn > session.sampled_turn:
+                self.ready.add(session.sid)
+
+        return on_message
+
+    def take_ready(self) -> _Session | None:
+        if not self.ready:
+            return None
+        sid = random.choice(tuple(self.ready))
+        self.ready.discard(sid)
+        session = self.sessions[sid]
+        session.sampled_turn = session.turn
+        return session
+
+
+# --- the bench --------------------------------------------------------------------------------------
+
+
+class _InterruptBench:
+    def __init__(
+        self,
+        *,
+        sessions: int,
+        samples: int,
+        workers: int,
+        rabbitmq_url: str,
+        redis_url: str,
+        out: TextIO,
+        chunk_period_s: float,
+        words_per_chunk: int,
+        sample_interval_s: float,
+        warmup_s: float,
+    ) -> None:
+        self.n_sessions = sessions
+        self.n_samples = samples
+        self.n_workers = workers
+        self.rabbitmq_url = rabbitmq_url
+        self.redis_url = redis_url
+        self.out = out
+        self.chunk_period_s = chunk_period_s
+        self.words_per_chunk = words_per_chunk
+        self.sample_interval_s = sample_interval_s
+        self.warmup_s = warmup_s
+        self.run_id = uuid.uuid4().hex[:12]
+        self.processes = _Processes(out)
+        self.edge = _Edge()
+        self.transport: AmqpTransport | None = None
+        self.store: RedisStateStore | None = None
+        self.redis: aioredis.Redis | None = None
+        self.edge_connection: AbstractRobustConnection | None = None
+        self.raw_connection: AbstractRobustConnection | None = None
+        self.raw_channel: AbstractChannel | None = None
+        self.workers: list[_Child] = []
+        self.created: list[str] = []
+        self.sent_interrupts = 0
+        self.sent_raw = 0
+
+    def say(self, text: str) -> None:
+        _say(self.out, text)
+
+    # --- set-up ----------------------------------------------------------------------------------
+
+    def _env(self, leftover_starts: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            BARGEIN_AGENT=BENCH_AGENT,
+            BARGEIN_RABBITMQ_URL=self.rabbitmq_url,
+            BARGEIN_REDIS_URL=self.redis_url,
+            # Exactly enough room: a worker with no room hands a start back to the queue, so the
+            # sessions still all find a place, and once they have, the bench's workers are full and
+            # cannot take a session start that is not theirs (another client's, on a shared broker).
+            # Starts already waiting in the queue are taken first, so they get room too.
+            BARGEIN_MAX_SESSIONS=str(math.ceil((self.n_sessions + leftover_starts) / self.n_workers)),
+            BARGEIN_STATUS_INTERVAL_S="30",
+            # the bench's workers must not adopt sessions other runs or tests left in the directory
+            BARGEIN_ADOPT_INTERVAL_S="3600",
+            BARGEIN_LOG_LEVEL="INFO",  # the ready line is logged at INFO
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    async def _check_work_queue(self, expected_consumers: int) -> int:
+        """Refuse to run beside reasoning workers that are not the bench's: they would take some of
+        its sessions (and run their own agent on them). Returns how many session starts wait."""
+        assert self.raw_connection is not None
+        channel = await self.raw_connection.channel()
+        try:
+            queue = await channel.declare_queue(
+                session_work_queue(TIER_REASONING), durable=True, arguments={"x-queue-type": "classic"}
+            )
+            consumers = queue.declaration_result.consumer_count or 0
+            waiting = queue.declaration_result.message_count or 0
+        finally:
+            await channel.close()
+        if consumers > expected_consumers:
+            raise BenchError(
+                f"{consumers - expected_consumers} other consumer(s) on {queue.name}: reasoning workers "
+                "that are not the bench's would take some of its sessions. Stop them, or point the "
+                "bench at a broker of its own (BARGEIN_RABBITMQ_URL)."
+            )
+        return waiting
+
+    async def start_processes(self) -> None:
+        self.say(f"starting {self.n_workers} reasoning worker(s) and the raw-hop consumer")
+        leftover = await self._check_work_queue(expected_consumers=0)
+        if leftover:
+            self.say(
+                f"  note: {leftover} session start(s) left by earlier runs wait in "
+                f"{session_work_queue(TIER_REASONING)}; the bench's workers take them too (they stay idle)"
+            )
+        env = self._env(leftover)
+        self.workers = [
+            await self.processes.start(
+                f"reasoning-{i + 1}", [sys.executable, "-m", "bargein", "reasoning"], env, WORKER_READY
+            )
+            for i in range(self.n_workers)
+        ]
+        started = list(self.workers)
+        started.append(
+            await self.processes.start(
+                "raw-hop consumer",
+                [sys.executable, "-m", "bargein.tools.bench_agents", self.run_id, "--exit-on-stdin-eof"],
+                env,
+                RAW_HOP_READY,
+            )
+        )
+        for child in started:
+            await self.processes.wait_ready(child)
+        await self._check_work_queue(expected_consumers=self.n_workers)
+        self.say("  all processes ready")
+
+    async def connect(self) -> None:
+        client = aioredis.Redis.from_url(self.redis_url)
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            await client.aclose()
+            raise BenchError(f"Redis is not reachable ({type(exc).__name__}: {exc})") from exc
+        self.redis = client
+        self.store = RedisStateStore.from_url(self.redis_url)
+        try:
+            self.raw_connection = await aio_pika.connect_robust(
+                self.rabbitmq_url, client_properties={"connection_name": f"bargein-bench-raw-{self.run_id}"}
+            )
+        except (AMQPError, OSError) as exc:
+            raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
+        self.raw_channel = await self.raw_connection.channel()  # with publisher confirms, as interrupts
+        self.edge_connection = await aio_pika.connect_robust(
+            self.rabbitmq_url, client_properties={"connection_name": f"bargein-bench-edge-{self.run_id}"}
+        )
+        self.transport = await AmqpTransport.connect(self.rabbitmq_url, name=f"bargein-bench-{self.run_id}")
+
+    async def create_sessions(self) -> None:
+        assert self.transport is not None and self.store is not None and self.edge_connection is not None
+        self.say(f"creating {self.n_sessions} sessions")
+        edge_channel = await self.edge_connection.channel(publisher_confirms=False)
+        options = {
+            OPT_RUN: self.run_id,
+            OPT_CHUNK_PERIOD_S: self.chunk_period_s,
+            OPT_WORDS_PER_CHUNK: self.words_per_chunk,
+        }
+        for i in range(self.n_sessions):
+            sid = f"bench-{self.run_id}-{i:05d}"
+            info = SessionInfo(sid, dict(options), edge_reports_delivery=False)
+            self.created.append(sid)
+            await self.transport.declare_mailbox(sid, TIER_EDGE, OUT)  # listen before the session starts
+            await create_session(self.transport, self.store, info)
+            session = _Session(sid, Caller(self.transport, sid, report_delivery=False))
+            self.edge.sessions[sid] = session
+            queue = await edge_channel.declare_queue(mailbox_queue(TIER_EDGE, sid), passive=True)
+            await queue.consume(self.edge.handler(session), no_ack=True)
+            await session.caller.emit(UserStoppedSpeaking())  # the first turn: streams until interrupted
+            if (i + 1) % 50 == 0 or i + 1 == self.n_sessions:
+                self.say(f"  {i + 1}/{self.n_sessions} sessions created")
+                self.processes.check()
+
+    async def wait_streaming(self) -> None:
+        timeout = 30.0 + self.n_sessions * 0.1
+        self.say(f"waiting for all {self.n_sessions} sessions to stream")
+        started = time.monotonic()
+        last_report = started
+        while self.edge.streaming < self.n_sessions:
+            self.processes.check()
+            now = time.monotonic()
+            if now - started > timeout:
+                raise BenchError(
+                    f"only {self.edge.streaming} of {self.n_sessions} sessions streamed "
+                    f"within {timeout:.0f} s"
+                )
+            if now - last_report >= PROGRESS_EVERY_S:
+                self.say(f"  {self.edge.streaming}/{self.n_sessions} streaming")
+                last_report = now
+            await asyncio.sleep(0.05)
+        self.say(f"  all {self.n_sessions} streaming after {time.monotonic() - started:.1f} s")
+        if self.warmup_s > 0:
+            await asyncio.sleep(self.warmup_s)
+
+    # --- sampling --------------------------------------------------------------------------------
+
+    async def _ready_session(self, timeout: float = 30.0) -> _Session:
+        deadline = time.monotonic() + timeout
+        while (session := self.edge.take_ready()) is None:
+            self.processes.check()
+            if time.monotonic() > deadline:
+                raise BenchError(f"no session was streaming a fresh turn for {timeout:.0f} s")
+            await asyncio.sleep(0.005)
+        return session
+
+    async def _publish_raw(self) -> None:
+        assert self.raw_channel is not None
+        message = aio_pika.Message(RAW_HOP_BODY.pack(time.time()))
+        await self.raw_channel.default_exchange.publish(message, routing_key=raw_hop_queue(self.run_id))
+        self.sent_raw += 1
+
+    async def sample(self) -> float:
+        """Interleave interrupts and raw messages; return the edge's chunks/s meanwhile."""
+        self.say(
+            f"sampling: {self.n_samples} interrupts and {self.n_samples} raw hops, "
+            f"one of each every {self.sample_interval_s * 1000:.0f} ms"
+        )
+        loop = asyncio.get_running_loop()
+        every = max(1, self.n_samples // 10)
+        chunks_before, started = self.edge.chunks, time.monotonic()
+        tick = loop.time()
+        for i in range(self.n_samples):
+            tick += self.sample_interval_s
+            session = await self._ready_session()
+            await session.caller.emit(UserStartedSpeaking())  # Envelope.wrap stamps ts: the start
+            self.sent_interrupts += 1
+            await session.caller.emit(UserStoppedSpeaking())  # keep it streaming for later samples
+            await asyncio.sleep(max(0.0, tick - self.sample_interval_s / 2 - loop.time()))
+            await self._publish_raw()
+            await asyncio.sleep(max(0.0, tick - loop.time()))
+            if (i + 1) % every == 0 or i + 1 == self.n_samples:
+                elapsed = time.monotonic() - started
+                rate = (self.edge.chunks - chunks_before) / elapsed if elapsed > 0 else 0.0
+                self.say(f"  {i + 1}/{self.n_samples} samples sent ({rate:.0f} chunks/s at the edge)")
+                self.processes.check()
+        elapsed = time.monotonic() - started
+        return (self.edge.chunks - chunks_before) / elapsed if elapsed > 0 else 0.0
+
+    async def collect(self) -> tuple[list[float], list[float]]:
+        """Wait (bounded) for every sample to be reported, then read both lists."""
+        assert self.redis is not None
+        keys = interrupt_samples_key(self.run_id), raw_samples_key(self.run_id)
+        deadline = time.monotonic() + RESULTS_TIMEOUT_S
+        while True:
+            got_interrupts, got_raw = [int(await self.redis.llen(key)) for key in keys]
+            if got_interrupts >= self.sent_interrupts and got_raw >= self.sent_raw:
+                break
+            if time.monotonic() > deadline:
+                self.say(
+                    f"  gave up waiting after {RESULTS_TIMEOUT_S:.0f} s: "
+                    f"{got_interrupts}/{self.sent_interrupts} interrupt and "
+                    f"{got_raw}/{self.sent_raw} raw samples reported"
+                )
+                break
+            self.processes.check()
+            await asyncio.sleep(0.05)
+        interrupts, raw = [[float(value) for value in await self.redis.lrange(key, 0, -1)] for key in keys]
+        return interrupts, raw
+
+    # --- the report ------------------------------------------------------------------------------
+
+    def report(self, interrupts: list[float], raw: list[float], chunks_per_s: float) -> dict[str, Any]:
+        if not interrupts or not raw:
+            raise BenchError(
+                f"nothing to compare: {len(interrupts)} interrupt and {len(raw)} raw samples were reported"
+            )
+        cancel, hop = summarize(interrupts), summarize(raw)
+        ratio_p50 = cancel["p50_ms"] / hop["p50_ms"] if hop["p50_ms"] > 0 else math.inf
+        ratio_p99 = cancel["p99_ms"] / hop["p99_ms"] if hop["p99_ms"] > 0 else math.inf
+        nominal = self.n_sessions / self.chunk_period_s
+        result: dict[str, Any] = {
+            "run_id": self.run_id,
+            "sessions": self.n_sessions,
+            "workers": self.n_workers,
+            "samples": self.n_samples,
+            "interrupt": cancel,
+            "raw": hop,
+            "ratio_p50": ratio_p50,
+            "ratio_p99": ratio_p99,
+            "target_p50": P50_TARGET,
+            "target_p99": P99_TARGET,
+            "p50_met": ratio_p50 <= P50_TARGET,
+            "p99_met": ratio_p99 <= P99_TARGET,
+            "chunks_per_s": chunks_per_s,
+            "nominal_chunks_per_s": nominal,
+        }
+        rows = [("interrupt → CancelledError", cancel), ("raw publish → consume", hop)]
+        lines = [
+            "",
+            f"{'':28}{'count':>7}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}",
+            *(
+                f"{name:28}{row['count']:>7}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}{row['max_ms']:>10.2f}"
+                for name, row in rows
+            ),
+            "",
+            f"ratio p50  {ratio_p50:5.2f}x  (target <= {P50_TARGET:g}x)  {_verdict(result['p50_met'])}",
+            f"ratio p99  {ratio_p99:5.2f}x  (target <= {P99_TARGET:g}x)  {_verdict(result['p99_met'])}",
+            f"{self.n_sessions} streaming sessions, {self.n_workers} worker(s), {chunks_per_s:.0f} chunks/s "
+            f"at the edge during sampling (nominal {nominal:.0f})",
+        ]
+        lost = (self.sent_interrupts - cancel["count"], self.sent_raw - hop["count"])
+        if any(lost):
+            lines.append(f"missing samples: {lost[0]} interrupt, {lost[1]} raw")
+        if self.edge.undecodable:
+            lines.append(f"undecodable messages at the edge: {self.edge.undecodable}")
+        self.say("\n".join(lines))
+        return result
+
+    # --- clean-up --------------------------------------------------------------------------------
+
+    async def _end_sessions(self) -> None:
+        """EndCall through each session's caller: its owner closes it and forgets it everywhere."""
+        assert self.transport is not None and self.redis is not None
+        sessions = [self.edge.sessions[sid] for sid in self.created if sid in self.edge.sessions]
+        for session in sessions:
+            await session.caller.emit(EndCall(reason="bench finished"))
+        deadline = time.monotonic() + END_TIMEOUT_S
+        directory = session_directory_key(TIER_REASONING)
+        while await self._registered(directory):
+            if time.monotonic() > deadline or not any(child.running for child in self.workers):
+                return  # the rest is for _forget_leftovers
+            await asyncio.sleep(0.1)
+
+    async def _registered(self, directory: str) -> list[str]:
+        assert self.redis is not None
+        if not self.created:
+            return []
+        present = await self.redis.hmget(directory, self.created)
+        return [sid for sid, value in zip(self.created, present, strict=True) if value is not None]
+
+    async def _forget_leftovers(self) -> None:
+        """Whatever the workers did not forget (they were killed, or never got the session): the
+        directory entry, state and mailboxes go, so no later worker adopts a bench session."""
+        assert self.transport is not None and self.store is not None
+        left = await self._registered(session_directory_key(TIER_REASONING))
+        if left:
+            self.say(f"  forgetting {len(left)} session(s) their owner did not end")
+        for sid in left:
+            await forget_session(self.transport, self.store, sid, tier=TIER_REASONING)
+        for sid in self.created:
+            await self.transport.delete_mailbox(sid, TIER_EDGE)
+
+    async def clean_up(self) -> None:
+        """Every step runs even if an earlier one failed; the child processes are always stopped."""
+        self.say("cleaning up")
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if self.edge_connection is not None:
+            steps.append(("closing the edge consumers", self.edge_connection.close))
+        if self.created and self.transport is not None:
+            steps.append(("ending the sessions", self._end_sessions))
+        steps.append(("stopping the processes", self.processes.stop))
+        if self.created and self.transport is not None:
+            steps.append(("forgetting leftover sessions", self._forget_leftovers))
+        if self.redis is not None:
+            keys = interrupt_samples_key(self.run_id), raw_samples_key(self.run_id)
+            redis_client = self.redis
+
+            async def delete_lists() -> None:
+                await redis_client.delete(*keys)
+
+            steps.append(("deleting the sample lists", delete_lists))
+        for thing in (self.raw_connection, self.transport, self.store):
+            if thing is not None:
+                steps.append((f"closing {type(thing).__name__}", thing.close))
+        if self.redis is not None:
+            steps.append(("closing the Redis client", self.redis.aclose))
+        try:
+            for what, step in steps:
+                try:
+                    await step()
+                except Exception as exc:
+                    self.say(f"  {what} failed: {type(exc).__name__}: {exc}")
+        finally:
+            for child in self.processes.children:  # if the clean-up itself was interrupted
+                if child.running:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+
+    async def run(self) -> dict[str, Any]:
+        self.say(
+            f"bench interrupt (run {self.run_id}): {self.n_sessions} streaming sessions "
+            f"({self.words_per_chunk} words every {self.chunk_period_s * 1000:.0f} ms each), "
+            f"{self.n_workers} reasoning worker(s), {self.n_samples} samples"
+        )
+        try:
+            await self.connect()
+            await self.start_processes()
+            await self.create_sessions()
+            await self.wait_streaming()
+            chunks_per_s = await self.sample()
+            interrupts, raw = await self.collect()
+            return self.report(interrupts, raw, chunks_per_s)
+        finally:
+            await self.clean_up()
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+async def run_interrupt_bench(
+    sessions: int = 200,
+    samples: int = 200,
+    workers: int = 1,
+    rabbitmq_url: str | None = None,
+    redis_url: str | None = None,
+    out: TextIO | None = None,
+    *,
+    chunk_period_s: float = DEFAULT_CHUNK_PERIOD_S,
+    words_per_chunk: int = DEFAULT_WORDS_PER_CHUNK,
+    sample_interval_s: float = 0.04,
+    warmup_s: float = 1.0,
+) -> dict[str, Any]:
+    """Run the interrupt benchmark and return its numbers (also printed to ``out``, default stdout).
+
+    The URLs default to ``BARGEIN_RABBITMQ_URL`` / ``BARGEIN_REDIS_URL``. Raises
+    :class:`BenchError` if the bench cannot run or measure; a missed target is only reported
+    (``p50_met`` / ``p99_met`` in the result).
+    """
+    for name, value in (("sessions", sessions), ("samples", samples), ("workers", workers)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if chunk_period_s <= 0 or sample_interval_s <= 0 or words_per_chunk < 1 or warmup_s < 0:
+        raise ValueError(
+            "chunk_period_s and sample_interval_s must be > 0, words_per_chunk >= 1, warmup_s >= 0"
+        )
+    broker = load(BrokerSettings)
+    bench = _InterruptBench(
+        sessions=sessions,
+        samples=samples,
+        workers=workers,
+        rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
+        redis_url=redis_url or broker.redis_url,
+        out=out if out is not None else sys.stdout,
+        chunk_period_s=chunk_period_s,
+        words_per_chunk=words_per_chunk,
+        sample_interval_s=sample_interval_s,
+        warmup_s=warmup_s,
+    )
+    return await bench.run()
+
+
+def interrupt_main(
+    sessions: int = 200,
+    samples: int = 200,
+    workers: int = 1,
+    *,
+    chunk_period_s: float = DEFAULT_CHUNK_PERIOD_S,
+    words_per_chunk: int = DEFAULT_WORDS_PER_CHUNK,
+) -> int:
+    """``bargein bench interrupt``: run the bench, print the report. 0 once it reported (targets met
+    or not), 1 if it could not run, 130 on Ctrl-C (after cleaning up)."""
+    try:
+        import uvloop
+
+        uvloop.install()  # as the services do
+    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio works too
+        pass
+    try:
+        asyncio.run(
+            run_interrupt_bench(
+                sessions, samples, workers, chunk_period_s=chunk_period_s, words_per_chunk=words_per_chunk
+            )
+        )
+    except BenchError as exc:
+        print(f"bargein bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bargein bench: interrupted (cleaned up)", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,165 @@
+"""The ``bargein`` command. Each subcommand only parses its arguments and calls into the package."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bargein.errors import SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bargein", description="Interruptible voice agents, distributed.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a whole conversation with a barge-in, in one process")
+    demo.add_argument("--agent", help="module:attr of the agent (default: BARGEIN_AGENT)")
+    demo.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run speech, reasoning and broadcast as processes (RabbitMQ + Redis) and call them with a WAV",
+    )
+    demo.add_argument(
+        "--scripted", action="store_true", help="the caller's turns as scripted events, no audio"
+    )
+    demo.add_argument("--wav", type=Path, help="the caller's audio (default: the two-utterance fixture)")
+    demo.add_argument("--json", action="store_true", help="write the timeline as JSON lines")
+    demo.add_argument("--keep-logs", action="store_true", help="--distributed: keep the services' logs")
+
+    call = sub.add_parser("call", help="call a running stack through its edge, with a live timeline")
+    call.add_argument("--url", default="http://127.0.0.1:8080", help="the edge's base URL")
+    said = call.add_mutually_exclusive_group(required=True)
+    said.add_argument(
+        "--wav", type=Path, help="16 kHz mono 16-bit WAV, streamed at real time as the microphone"
+    )
+    said.add_argument("--text", action="append", help="a text turn (repeat it for several turns)")
+    call.add_argument("--json", action="store_true", help="write the timeline as JSON lines")
+    call.add_argument(
+        "--listen-after",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="after the input, hang up once nothing has arrived for S seconds (default 3)",
+    )
+    call.add_argument(
+        "--barge-in-after",
+        type=_positive,
+        metavar="N",
+        help="send each next --text after N chunks of the answer, cutting it off",
+    )
+    call.add_argument(
+        "--agent-options", type=_json_object, metavar="JSON", help="the session's agent_options"
+    )
+    call.add_argument("--turn-taking", type=_json_object, metavar="JSON", help="turn-taking overrides")
+
+    sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
+    sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
+    sub.add_parser("speech", help="run the speech-detection service (Silero VAD; RabbitMQ + Redis)")
+
+    bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    intr = bench_sub.add_parser(
+        "interrupt", help="interrupt → CancelledError latency beside a raw broker hop (RabbitMQ + Redis)"
+    )
+    intr.add_argument("--sessions", type=_positive, default=200, help="streaming sessions (default 200)")
+    intr.add_argument("--samples", type=_positive, default=200, help="interrupts measured (default 200)")
+    intr.add_argument("--workers", type=_positive, default=1, help="reasoning processes (default 1)")
+    intr.add_argument(
+        "--chunk-ms", type=float, default=100.0, help="each session publishes a chunk this often"
+    )
+    intr.add_argument("--words-per-chunk", type=_positive, default=8)
+    vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
+    vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
+    vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
+    return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            if args.distributed:
+                from bargein.tools.demo_distributed import main as distributed_main
+
+                return distributed_main(
+                    args.wav, agent_spec=args.agent, json_lines=args.json, keep_logs=args.keep_logs
+                )
+            if args.scripted:
+                from bargein.tools.demo import main as demo_main
+
+                return demo_main(args.agent)
+            from bargein.tools.demo_audio import main as audio_main
+
+            return audio_main(args.wav, args.agent, json_lines=args.json)
+        if args.command == "call":
+            from bargein.tools.call import main as call_main
+
+            return call_main(
+                args.url,
+                args.wav,
+                args.text,
+                json_lines=args.json,
+                listen_after_s=args.listen_after,
+                barge_in_after=args.barge_in_after,
+                agent_options=args.agent_options,
+                turn_taking=args.turn_taking,
+            )
+        if args.command == "reasoning":
+            from bargein.hosting.service import main as service_main
+            from bargein.wire.names import TIER_REASONING
+
+            return service_main(TIER_REASONING)
+        if args.command == "broadcast":
+            from bargein.edge.service import main as broadcast_main
+
+            return broadcast_main()
+        if args.command == "speech":
+            from bargein.hosting.service import main as service_main
+            from bargein.speech.session import speech_factory
+            from bargein.wire.names import TIER_SPEECH
+
+            return service_main(TIER_SPEECH, speech_factory)
+        if args.command == "bench" and args.bench == "vad":
+            from bargein.tools.bench_vad import main as vad_main
+
+            return vad_main(args=args)
+        if args.command == "bench" and args.bench == "interrupt":
+            from bargein.tools.bench import interrupt_main
+
+            return interrupt_main(
+                args.sessions,
+                args.samples,
+                args.workers,
+                chunk_period_s=args.chunk_ms / 1000,
+                words_per_chunk=args.words_per_chunk,
+            )
+    except SettingsError as exc:
+        print(f"bargein: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The two seams between the runtime and the outside world.
+
+Everything above these interfaces (routes, nodes, the session runtime, the session host, the test
+harness) is shared by the in-process runtime (:mod:`bargein.transport.memory`) and the distributed one
+(RabbitMQ + Redis). A transport moves envelopes; a state store keeps what must outlive a process
+and decides, through leases with fencing epochs, which process owns a session.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+
+from bargein.agent.events import Event
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import Direction, Tier
+
+Handler = Callable[[Envelope, Event], Awaitable[None]]
+StartHandler = Callable[[bytes], Awaitable[bool]]
+
+
+class Subscription(ABC):
+    """A consumer attached to a mailbox. Cancelling stops delivery; the mailbox itself stays, so a
+    later owner (possibly another process) consumes whatever arrived meanwhile."""
+
+    @abstractmethod
+    async def cancel(self) -> None: ...
+
+
+class EdgeQueue(Subscription):
+    @abstractmethod
+    async def add_session(self, session: str) -> None: ...
+
+    @abstractmethod
+    async def remove_session(self, session: str) -> None: ...
+
+
+class Transport(ABC):
+    @abstractmethod
+    async def publish(self, envelope: Envelope, direction: Direction) -> None:
+        """Route ``envelope`` to every mailbox bound to its session and direction. Control events
+        (``Event.control``) overtake data waiting in the broker."""
+
+    @abstractmethod
+    async def open_mailbox(
+        self, session: str, tier: Tier, direction: Direction, handler: Handler
+    ) -> Subscription:
+        """Declare ``tier``'s mailbox for ``session`` (idempotently) and consume it in order.
+
+        ``handler`` is awaited for one message at a time; a message is acknowledged when it returns.
+        Messages that fail to decode never reach the handler: they are dead-lettered and counted.
+        """
+
+    @abstractmethod
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        """A queue of this process's own (gone when the process is), consumed in order, that hears
+        the sessions added to it (:func:`bargein.wire.names.edge_bindings`). Every broadcast process has
+        one, so each gets the whole output of the sessions it has clients for."""
+
+    @abstractmethod
+    async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
+        """Make sure ``tier``'s mailbox for ``session`` exists, so events published before its owner
+        starts consuming wait there instead of being dropped."""
+
+    @abstractmethod
+    async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        """Remove a finished session's mailbox."""
+
+    # --- session starts: a shared work queue per tier (competing consumers) ----------------------
+
+    @abstractmethod
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None: ...
+
+    @abstractmethod
+    async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
+        """Deliver session starts one at a time. ``handler`` returns False when this process has no
+        room: the start goes back to the queue for another worker."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class StateStore(ABC):
+    """Leases with fencing epochs, and the session's checkpoint.
+
+    ``acquire_lease`` hands out a strictly increasing epoch per (tier, session); ``save_state``
+    accepts a write only from the current epoch, so a worker that lost its lease (paused, partitioned)
+    cannot overwrite the state of the worker that adopted the session.
+    """
+
+    @abstractmethod
+    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+        """Take the lease if it is free or lapsed; return the new epoch, or None if another holds it."""
+
+    @abstractmethod
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
+        """Extend a lease we hold; False means it lapsed or was taken over: stop working the session."""
+
+    @abstractmethod
+    async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None: ...
+
+    @abstractmethod
+    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+        """Store the checkpoint; :class:`~bargein.errors.StaleEpochError` if ``epoch`` is not current."""
+
+    @abstractmethod
+    async def load_state(self, tier: Tier, session: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def delete_state(self, tier: Tier, session: str) -> None:
+        """Forget a finished session's checkpoint and epoch counter."""
+
+    # --- the directory of live sessions, which is how orphans are found ---------------------------
+
+    @abstractmethod
+    async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
+        """Record that ``session`` exists for ``tier`` (``info``: its encoded SessionInfo)."""
+
+    @abstractmethod
+    async def unregister_session(self, tier: Tier, session: str) -> None: ...
+
+    @abstractmethod
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        """The registered SessionInfo of a live session, or None (how the edge knows a session)."""
+
+    @abstractmethod
+    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+        """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class SessionProcessor(ABC):
+    """What a tier runs for each session it owns (the reasoning tier's is the agent's
+    :class:`~bargein.runtime.session.SessionRuntime`; the speech tier's is its VAD state machine). The
+    :class:`~bargein.hosting.host.SessionHost` holds the lease and feeds the mailbox to it."""
+
+    epoch: int
+    fenced: bool  # set when the lease was lost: write nothing more
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Restore the checkpoint (if any) and get ready for the mailbox."""
+
+    @abstractmethod
+    async def handle(self, envelope: Envelope, event: Event) -> None:
+        """One message from the mailbox; it is acknowledged when this returns."""
+
+    @abstractmethod
+    async def close(self, *, checkpoint: bool = True) -> None: ...
+
+    @property
+    @abstractmethod
+    def active_turns(self) -> int:
+        """Work in progress, for status lines and drains."""

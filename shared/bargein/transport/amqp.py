@@ -1,0 +1,351 @@
+"""The RabbitMQ transport (aio-pika).
+
+Topology, declared idempotently by every process at start-up (names in :mod:`bargein.wire.names`):
+
+* ``bargein.events`` (topic, durable): every session event, keyed ``<session>.<in|out>.<Event>``;
+* ``bargein.audio`` (topic): client audio frames (the speech tier);
+* ``bargein.dead`` (fanout, durable) and its queue: messages no consumer could accept, with an
+  ``x-bargein-reason`` header;
+* ``bargein.sessions.<tier>`` (durable): session starts, taken by whichever worker has room;
+* ``bargein.mailbox.<tier>.<session>``: one classic queue per session and tier, bound to the
+  session's keys, with two priority levels (data, control), idle expiry, single active consumer.
+
+Three channels, because their needs differ: data is published with publisher confirms; control
+(``Event.control``) with confirms, high priority and ``mandatory`` + ``on_return_raises`` so an
+interrupt that no queue would receive is an error rather than a silent success; and mailboxes are
+consumed on a channel with a per-consumer prefetch of one, so a control message waiting in the
+broker is never stuck behind a client-side buffer of data: priority can only reorder what is still
+in the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+    AbstractRobustQueue,
+)
+from aio_pika.exceptions import DeliveryError
+
+from bargein.errors import BargeinError, EnvelopeError, InvalidSessionId
+from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
+from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
+from bargein.wire.names import (
+    AUDIO_EXCHANGE,
+    DEAD_EXCHANGE,
+    DEAD_QUEUE,
+    DEAD_REASON_HEADER,
+    EVENTS_EXCHANGE,
+    PRIORITY_CONTROL,
+    PRIORITY_DATA,
+    TIER_SPEECH,
+    Direction,
+    Tier,
+    edge_bindings,
+    mailbox_binding,
+    mailbox_extra_bindings,
+    mailbox_queue,
+    routing_key,
+    session_work_queue,
+    tier_exchange,
+)
+
+log = logging.getLogger("bargein.transport.amqp")
+
+CONTENT_TYPE = "application/msgpack"
+DEAD_QUEUE_MAX = 100_000
+
+
+class UnroutableError(BargeinError):
+    """A control message matched no queue: nobody would have received the interrupt."""
+
+
+class _Consumer(Subscription):
+    def __init__(self, queue: AbstractQueue, tag: str) -> None:
+        self._queue = queue
+        self._tag: str | None = tag
+
+    async def cancel(self) -> None:
+        tag, self._tag = self._tag, None
+        if tag is not None:
+            try:
+                await self._queue.cancel(tag)
+            except Exception as exc:  # the channel may already be gone; nothing left to stop
+                log.debug("cancelling consumer %s: %s", tag, exc)
+
+
+class _AmqpEdgeQueue(EdgeQueue):
+    def __init__(self, queue: AbstractRobustQueue, tag: str) -> None:
+        self._queue = queue
+        self._consumer = _Consumer(queue, tag)
+
+    async def add_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            await self._queue.bind(EVENTS_EXCHANGE, key)
+
+    async def remove_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            with contextlib.suppress(Exception):  # already gone with the connection
+                await self._queue.unbind(EVENTS_EXCHANGE, key)
+
+    async def cancel(self) -> None:
+        await self._consumer.cancel()
+
+
+class AmqpTransport(Transport):
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_BYTES,
+        mailbox_expiry_ms: int = 3_600_000,
+        audio_mailbox_frames: int = 500,
+        name: str = "bargein",
+    ) -> None:
+        self.url = url
+        self.max_message_bytes = max_message_bytes
+        self.mailbox_expiry_ms = mailbox_expiry_ms
+        self.audio_mailbox_frames = audio_mailbox_frames
+        self.name = name
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._connection: AbstractRobustConnection | None = None
+        self._data: AbstractRobustChannel | None = None
+        self._control: AbstractRobustChannel | None = None
+        self._consume: AbstractRobustChannel | None = None
+        self._starts: AbstractRobustChannel | None = None
+        self._events_data: AbstractExchange | None = None
+        self._events_control: AbstractExchange | None = None
+        self._dead: AbstractExchange | None = None
+        self._audio_channel: AbstractRobustChannel | None = None
+        self._audio: AbstractExchange | None = None
+
+    @classmethod
+    async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:
+        transport = cls(url, **kwargs)
+        await transport.start()
+        return transport
+
+    async def start(self) -> None:
+        self._connection = await aio_pika.connect_robust(
+            self.url, client_properties={"connection_name": self.name}
+        )
+        self._data = await self._connection.channel(publisher_confirms=True)
+        self._control = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        self._consume = await self._connection.channel(publisher_confirms=False)
+        await self._consume.set_qos(prefetch_count=1)  # per consumer: control is never stuck behind data
+        self._starts = await self._connection.channel(publisher_confirms=False)
+        await self._starts.set_qos(prefetch_count=1)
+        self._events_data = await self._data.declare_exchange(
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        self._events_control = await self._control.declare_exchange(
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        self._audio_channel = await self._connection.channel(publisher_confirms=False)
+        self._audio = await self._audio_channel.declare_exchange(
+            AUDIO_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        self._dead = await self._data.declare_exchange(
+            DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        dead_queue = await self._data.declare_queue(
+            DEAD_QUEUE, durable=True, arguments={"x-max-length": DEAD_QUEUE_MAX, "x-overflow": "drop-head"}
+        )
+        await dead_queue.bind(self._dead)
+        log.info("connected to RabbitMQ as %r; topology declared", self.name)
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and not self._connection.is_closed
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    def _need(self, thing: Any) -> Any:
+        if thing is None:
+            raise RuntimeError("AmqpTransport is not started (call start() or connect())")
+        return thing
+
+    # --- publishing ------------------------------------------------------------------------------
+
+    async def publish(self, envelope: Envelope, direction: Direction) -> None:
+        key = routing_key(envelope.session, direction, envelope.type)
+        if envelope.lane == "audio":
+            await self.publish_audio(key, encode(envelope))
+        else:
+            await self.publish_raw(key, encode(envelope), control=envelope.control)
+
+    async def publish_audio(self, key: str, body: bytes) -> None:
+        """Audio is transient and high-rate: no confirms to wait for, and old audio is worthless
+        anyway (speech mailboxes drop their oldest frames when full)."""
+        message = aio_pika.Message(body, content_type=CONTENT_TYPE)
+        await self._need(self._audio).publish(message, key, mandatory=False)
+        self.counters["published_audio"] += 1
+
+    async def publish_raw(self, key: str, body: bytes, *, control: bool = False) -> None:
+        """Publish bytes as they are (the codec's output, or a malformed message in tests)."""
+        message = aio_pika.Message(
+            body, content_type=CONTENT_TYPE, priority=PRIORITY_CONTROL if control else PRIORITY_DATA
+        )
+        if control:
+            try:
+                await self._need(self._events_control).publish(message, key, mandatory=True)
+            except DeliveryError as exc:
+                self.counters["unroutable_control"] += 1
+                raise UnroutableError(f"control message {key} reached no queue") from exc
+        else:
+            await self._need(self._events_data).publish(message, key, mandatory=False)
+        self.counters["published"] += 1
+
+    # --- mailboxes -------------------------------------------------------------------------------
+
+    def _mailbox_arguments(self, tier: Tier) -> dict[str, Any]:
+        arguments: dict[str, Any] = {
+            "x-queue-type": "classic",
+            "x-expires": self.mailbox_expiry_ms,
+            "x-single-active-consumer": True,
+        }
+        if tier == TIER_SPEECH:  # audio: bounded, oldest dropped (not dead-lettered): it is worthless
+            arguments.update({"x-max-length": self.audio_mailbox_frames, "x-overflow": "drop-head"})
+        else:
+            arguments.update({"x-max-priority": PRIORITY_CONTROL, "x-dead-letter-exchange": DEAD_EXCHANGE})
+        return arguments
+
+    async def _declare_mailbox_on(
+        self, channel: AbstractRobustChannel, session: str, tier: Tier, direction: Direction, *, robust: bool
+    ) -> AbstractRobustQueue:
+        queue: AbstractRobustQueue = await channel.declare_queue(
+            mailbox_queue(tier, session), durable=True, arguments=self._mailbox_arguments(tier), robust=robust
+        )
+        await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=robust)
+        for exchange, key in mailbox_extra_bindings(tier, session):
+            await queue.bind(exchange, key, robust=robust)
+        return queue
+
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        channel = self._need(self._consume)
+        # exclusive: it lives and dies with this process's connection; priorities let an interrupt
+        # overtake the chunks queued for this process's clients
+        queue: AbstractRobustQueue = await channel.declare_queue(
+            name, exclusive=True, arguments={"x-max-priority": PRIORITY_CONTROL}
+        )
+        tag = await queue.consume(self._mailbox_consumer(queue, None, handler))
+        return _AmqpEdgeQueue(queue, tag)
+
+    async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
+        await self._declare_mailbox_on(self._need(self._data), session, tier, direction, robust=False)
+
+    async def open_mailbox(
+        self, session: str, tier: Tier, direction: Direction, handler: Handler
+    ) -> Subscription:
+        queue = await self._declare_mailbox_on(
+            self._need(self._consume), session, tier, direction, robust=True
+        )
+
+        tag = await queue.consume(self._mailbox_consumer(queue, session, handler))
+        return _Consumer(queue, tag)
+
+    def _mailbox_consumer(
+        self, queue: AbstractQueue, session: str | None, handler: Handler
+    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        """Decode, hand over, acknowledge; anything undecodable (or for another session, when the
+        queue is one session's) is dead-lettered with its reason instead."""
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            try:
+                envelope, event = decode(message.body, max_bytes=self.max_message_bytes)
+                if session is not None and envelope.session != session:
+                    raise InvalidSessionId(f"message for session {envelope.session!r} in {queue.name}")
+            except EnvelopeError as exc:
+                await self._reject(message, exc.reason, str(exc), queue.name)
+                return
+            try:
+                await handler(envelope, event)
+            except asyncio.CancelledError:
+                raise  # unacknowledged: redelivered to the next consumer
+            except Exception as exc:
+                log.exception("handler failed on %s in %s", envelope.type, queue.name)
+                await self._reject(message, "handler_error", f"{type(exc).__name__}: {exc}", queue.name)
+                return
+            await message.ack()
+
+        return on_message
+
+    async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        channel = self._need(self._data)
+        try:
+            await channel.queue_delete(mailbox_queue(tier, session))
+        except Exception as exc:
+            log.debug("deleting mailbox %s/%s: %s", tier, session, exc)
+
+    async def _reject(self, message: AbstractIncomingMessage, reason: str, error: str, queue: str) -> None:
+        """Dead-letter with a reason, count it, log the first of each kind, and carry on."""
+        self.counters[f"dead:{reason}"] += 1
+        if self.counters[f"dead:{reason}"] == 1 or self.counters[f"dead:{reason}"] % 1000 == 0:
+            log.warning(
+                "dead-lettering a message from %s (%s, %d so far): %s",
+                queue,
+                reason,
+                self.counters[f"dead:{reason}"],
+                error[:300],
+            )
+        headers: dict[str, Any] = {
+            DEAD_REASON_HEADER: reason,
+            "x-bargein-error": error[:1000],
+            "x-bargein-queue": queue,
+            "x-bargein-routing-key": message.routing_key or "",
+        }
+        try:
+            await self._need(self._dead).publish(
+                aio_pika.Message(message.body, headers=headers, content_type=message.content_type), ""
+            )
+        finally:
+            await message.ack()
+
+    # --- session starts --------------------------------------------------------------------------
+
+    async def _work_queue(self, channel: AbstractRobustChannel, tier: Tier) -> AbstractQueue:
+        name = session_work_queue(tier)
+        return await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "classic"})
+
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        queue = await self._work_queue(self._need(self._data), tier)
+        message = aio_pika.Message(
+            info, content_type=CONTENT_TYPE, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+        )
+        await self._need(self._data).default_exchange.publish(message, queue.name)
+
+    async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
+        queue = await self._work_queue(self._need(self._starts), tier)
+
+        async def on_start(message: AbstractIncomingMessage) -> None:
+            try:
+                accepted = await handler(message.body)
+            except EnvelopeError as exc:
+                await self._reject(message, exc.reason, str(exc), queue.name)
+                return
+            except Exception as exc:
+                log.exception("session start failed")
+                await self._reject(message, "start_failed", f"{type(exc).__name__}: {exc}", queue.name)
+                return
+            if accepted:
+                await message.ack()
+            else:  # no room here: give another worker the chance
+                await asyncio.sleep(0.2)
+                await message.nack(requeue=True)
+
+        tag = await queue.consume(on_start)
+        return _Consumer(queue, tag)

@@ -1,0 +1,337 @@
+"""The in-process transport and state store, for the SDK's tests, ``LocalSession`` and the demo.
+
+They implement :mod:`bargein.transport.abc` with the same semantics the RabbitMQ and Redis implementations
+have, so everything above them is exercised for real: messages are encoded to bytes and decoded
+again (bad ones are dead-lettered with a reason), mailboxes outlive their consumers, delivery is
+one message at a time per mailbox in publish order, leases lapse and epochs fence stale writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+from bargein.errors import EnvelopeError, StaleEpochError
+from bargein.transport.abc import EdgeQueue, Handler, StartHandler, StateStore, Subscription, Transport
+from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
+from bargein.wire.names import (
+    EVENTS_EXCHANGE,
+    TIER_SPEECH,
+    Direction,
+    Tier,
+    edge_bindings,
+    lane_exchange,
+    mailbox_binding,
+    mailbox_extra_bindings,
+    mailbox_queue,
+    routing_key,
+    tier_exchange,
+)
+
+log = logging.getLogger("bargein.transport.memory")
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic semantics: ``*`` is one word, ``#`` is zero or more."""
+    regex = "^" + r"\.".join(
+        {"*": r"[^.]+", "#": r".*"}.get(word, re.escape(word)) for word in pattern.split(".")
+    )
+    regex = regex.replace(r"\..*", r"(\..*)?")
+    return re.match(regex + "$", key) is not None
+
+
+@dataclass
+class DeadLetter:
+    reason: str
+    error: str
+    body: bytes
+
+
+@dataclass
+class _Mailbox:
+    name: str
+    patterns: list[tuple[str, str]]  # (exchange, topic pattern)
+    items: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    consumer: asyncio.Task[None] | None = None
+    max_length: int | None = None
+
+
+class MemoryBroker:
+    """One process-wide 'broker': a topic exchange in front of named mailboxes."""
+
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.mailboxes: dict[str, _Mailbox] = {}
+        self.dead: list[DeadLetter] = []
+        self.starts: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
+        self.start_wakeup: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._serial = itertools.count(1)
+        self._last_serial = 0
+
+    def route(self, exchange: str, key: str, body: bytes) -> int:
+        serial = next(self._serial)
+        self._last_serial = serial
+        delivered = 0
+        for box in self.mailboxes.values():
+            if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns):
+                if box.max_length is not None and len(box.items) >= box.max_length:
+                    # drop-head, as RabbitMQ's x-overflow does for audio (never the one in flight)
+                    del box.items[1 if box.consumer is not None and len(box.items) > 1 else 0]
+                    self.counters["dropped_oldest"] += 1
+                box.items.append((serial, body))
+                box.wakeup.set()
+                delivered += 1
+        if not delivered:
+            self.counters["unroutable"] += 1
+        return delivered
+
+    def dead_letter(self, reason: str, error: str, body: bytes) -> None:
+        self.dead.append(DeadLetter(reason, error, body))
+        self.counters[f"dead:{reason}"] += 1
+        if self.counters[f"dead:{reason}"] == 1:
+            log.warning("dead-lettered a message (%s): %s", reason, error)
+
+    async def settle(self, rounds: int = 2, timeout: float = 10.0) -> None:
+        """Wait until every consumed mailbox has handled what was published before each round.
+
+        Two rounds cover a message and whatever its handler published in turn (an interrupt and the
+        TurnInterrupted it causes), which makes in-process tests deterministic.
+        """
+        deadline = time.monotonic() + timeout
+        for _ in range(rounds):
+            target = self._last_serial
+            # a message leaves its mailbox only after its handler returned, so the head of a
+            # mailbox is what is still in flight
+            while any(
+                box.consumer is not None and box.items and box.items[0][0] <= target
+                for box in self.mailboxes.values()
+            ):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("in-memory broker did not settle")
+                await asyncio.sleep(0.001)
+
+
+class _TaskSubscription(Subscription):
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task = task
+
+    async def cancel(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class _MemoryEdgeQueue(EdgeQueue):
+    def __init__(self, broker: MemoryBroker, box: _Mailbox) -> None:
+        self._broker = broker
+        self._box = box
+
+    async def add_session(self, session: str) -> None:
+        for key in edge_bindings(session):
+            if (EVENTS_EXCHANGE, key) not in self._box.patterns:
+                self._box.patterns.append((EVENTS_EXCHANGE, key))
+
+    async def remove_session(self, session: str) -> None:
+        keys = set(edge_bindings(session))
+        self._box.patterns = [(ex, p) for ex, p in self._box.patterns if p not in keys]
+
+    async def cancel(self) -> None:
+        await _MemorySubscription(self._box).cancel()
+        self._broker.mailboxes.pop(self._box.name, None)
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, box: _Mailbox) -> None:
+        self._box = box
+
+    async def cancel(self) -> None:
+        task, self._box.consumer = self._box.consumer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class MemoryTransport(Transport):
+    def __init__(self, broker: MemoryBroker | None = None, *, audio_mailbox_frames: int = 500) -> None:
+        self.broker = broker or MemoryBroker()
+        self.audio_mailbox_frames = audio_mailbox_frames
+
+    async def publish(self, envelope: Envelope, direction: Direction) -> None:
+        key = routing_key(envelope.session, direction, envelope.type)
+        self.broker.route(lane_exchange(envelope.lane), key, encode(envelope))
+
+    async def publish_raw(
+        self,
+        session: str,
+        direction: Direction,
+        event_name: str,
+        body: bytes,
+        *,
+        exchange: str = EVENTS_EXCHANGE,
+    ) -> None:
+        """Publish bytes as they are: how tests put malformed messages on the bus."""
+        self.broker.route(exchange, routing_key(session, direction, event_name), body)
+
+    async def open_mailbox(
+        self, session: str, tier: Tier, direction: Direction, handler: Handler
+    ) -> Subscription:
+        name = mailbox_queue(tier, session)
+        await self.declare_mailbox(session, tier, direction)
+        box = self.broker.mailboxes[name]
+        if box.consumer is not None:
+            raise RuntimeError(f"mailbox {name} already has a consumer (single active consumer)")
+        box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
+        return _MemorySubscription(box)
+
+    async def _consume(self, box: _Mailbox, handler: Handler) -> None:
+        broker = self.broker
+        while True:
+            while not box.items:
+                box.wakeup.clear()
+                await box.wakeup.wait()
+            _, body = box.items[0]
+            try:
+                envelope, event = decode(body, max_bytes=broker.max_message_bytes)
+            except EnvelopeError as exc:
+                broker.dead_letter(exc.reason, str(exc), body)
+            else:
+                try:
+                    await handler(envelope, event)
+                except asyncio.CancelledError:
+                    raise  # not acked: stays at the head for the next consumer
+                except Exception as exc:
+                    log.exception("handler failed on %s", envelope.type)
+                    broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", body)
+            box.items.popleft()
+
+    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
+        box = self.broker.mailboxes[name] = _Mailbox(name, [])
+        box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
+        return _MemoryEdgeQueue(self.broker, box)
+
+    async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
+        name = mailbox_queue(tier, session)
+        if name not in self.broker.mailboxes:
+            self.broker.mailboxes[name] = _Mailbox(
+                name,
+                [
+                    (tier_exchange(tier), mailbox_binding(session, direction)),
+                    *mailbox_extra_bindings(tier, session),
+                ],
+                max_length=self.audio_mailbox_frames if tier == TIER_SPEECH else None,
+            )
+
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        self.broker.starts[tier].append(info)
+        self.broker.start_wakeup[tier].set()
+
+    async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
+        task = asyncio.create_task(self._consume_starts(tier, handler), name=f"starts:{tier}")
+        return _TaskSubscription(task)
+
+    async def _consume_starts(self, tier: Tier, handler: StartHandler) -> None:
+        queue, wakeup = self.broker.starts[tier], self.broker.start_wakeup[tier]
+        while True:
+            while not queue:
+                wakeup.clear()
+                await wakeup.wait()
+            info = queue.popleft()
+            if not await handler(info):
+                queue.append(info)  # no room here: back to the queue
+                await asyncio.sleep(0.05)
+
+    async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        box = self.broker.mailboxes.pop(mailbox_queue(tier, session), None)
+        if box is not None and box.consumer is not None:
+            await _MemorySubscription(box).cancel()
+
+    async def close(self) -> None:
+        for box in list(self.broker.mailboxes.values()):
+            await _MemorySubscription(box).cancel()
+
+
+@dataclass
+class _Lease:
+    owner: str
+    epoch: int
+    expires: float
+
+
+class MemoryStateStore(StateStore):
+    def __init__(self) -> None:
+        self._leases: dict[tuple[str, str], _Lease] = {}
+        self._epochs: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._state: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._directory: dict[str, dict[str, bytes]] = collections.defaultdict(dict)
+
+    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+        key = (tier, session)
+        now = time.monotonic()
+        lease = self._leases.get(key)
+        if lease is not None and lease.expires > now:
+            return None
+        self._epochs[key] += 1
+        self._leases[key] = _Lease(owner, self._epochs[key], now + ttl_ms / 1000)
+        return self._epochs[key]
+
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
+        lease = self._leases.get((tier, session))
+        if lease is None or lease.owner != owner or lease.epoch != epoch or lease.expires <= time.monotonic():
+            return False
+        lease.expires = time.monotonic() + ttl_ms / 1000
+        return True
+
+    async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None:
+        lease = self._leases.get((tier, session))
+        if lease is not None and lease.owner == owner and lease.epoch == epoch:
+            del self._leases[(tier, session)]
+
+    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+        if epoch != self._epochs[(tier, session)]:
+            raise StaleEpochError(f"epoch {epoch} is not current for {tier}/{session}")
+        self._state[(tier, session)] = (data, time.monotonic() + ttl_ms / 1000)
+
+    async def load_state(self, tier: Tier, session: str) -> bytes | None:
+        entry = self._state.get((tier, session))
+        if entry is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0]
+
+    async def delete_state(self, tier: Tier, session: str) -> None:
+        self._state.pop((tier, session), None)
+
+    async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
+        self._directory[tier][session] = info
+
+    async def unregister_session(self, tier: Tier, session: str) -> None:
+        self._directory[tier].pop(session, None)
+
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        return self._directory[tier].get(session)
+
+    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+        now = time.monotonic()
+        out = []
+        for session, info in self._directory[tier].items():
+            lease = self._leases.get((tier, session))
+            if lease is None or lease.expires <= now:
+                out.append((session, info))
+            if len(out) >= limit:
+                break
+        return out
+
+    def expire_lease(self, tier: Tier, session: str) -> None:
+        """Test hook: the owner died and its lease ran out."""
+        self._leases.pop((tier, session), None)
+
+    async def close(self) -> None:
+        return None

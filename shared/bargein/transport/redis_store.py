@@ -1,0 +1,274 @@
+"""The Redis state store: session leases with fencing epochs, checkpoints and the session directory.
+
+It has the semantics of :class:`bargein.transport.memory.MemoryStateStore`, made safe across processes:
+
+Fencing.
+    A lease is a key holding ``<owner>:<epoch>`` with a TTL (``PX``). Taking it increments the
+    session's epoch counter in the same Lua script, so epochs are strictly increasing and every
+    acquirer gets its own token: two workers can never both believe they hold the same epoch. A
+    checkpoint is written by a Lua check-and-set that compares the writer's epoch with the counter,
+    so a worker that lost its lease (paused, partitioned) and wakes up later is refused with
+    :class:`~bargein.errors.StaleEpochError` instead of overwriting the adopter's state. Renewing
+    and releasing are compare-and-set / compare-and-delete on the whole token, so a former holder
+    can neither extend nor drop its successor's lease.
+
+Hash tags.
+    Every key of one session is named by :mod:`bargein.wire.names` with the ``{<session>}`` hash tag, so
+    in Redis Cluster they share a slot and each script (which only ever touches the keys of one
+    session) is allowed. The session directory is one global hash per tier; it is never touched by
+    a script: :meth:`RedisStateStore.orphaned_sessions` scans it from Python and checks the leases
+    with a non-transactional pipeline, one key at a time.
+
+The epoch counter's lifetime.
+    Fencing only holds while the counter never goes backwards, so the counter must outlive
+    everything that carries an epoch: the lease and the checkpoint. Each script that sets a TTL on
+    the lease or the state therefore also *extends* (never shortens) the counter's TTL to at least
+    the same value and at least ``epoch_min_ttl_ms`` (7 days by default). A counter thus survives
+    as long as the session is active and a week past its last checkpoint or lease, and the counters
+    of abandoned sessions are still reclaimed eventually instead of leaking forever. Pass
+    ``epoch_min_ttl_ms=None`` to keep counters forever (until :meth:`RedisStateStore.delete_state`).
+    After ``delete_state`` (or after the counter expired, which needs a week of silence and no
+    checkpoint left) the next acquire starts again at epoch 1; that is safe because the state the
+    epochs protected is gone too.
+
+Connection errors are not handled here: they propagate as :mod:`redis.exceptions` errors and the
+callers (the session host's lease and adoption loops) retry.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import redis.asyncio as aioredis
+
+from bargein.errors import StaleEpochError
+from bargein.transport.abc import StateStore
+from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
+
+DEFAULT_EPOCH_MIN_TTL_MS: Final = 7 * 24 * 3600 * 1000
+
+# Extend KEY's TTL to at least TTL ms; never shorten it, never give a persistent key a TTL, never
+# create the key. A TTL of 0 means "epoch counters never expire": nothing to do.
+_EXTEND = """
+local function extend(key, ttl)
+  ttl = tonumber(ttl)
+  if ttl <= 0 then return end
+  local left = redis.call('PTTL', key)
+  if left >= 0 and left < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+"""
+
+# KEYS: lease, epoch. ARGV: owner, lease ttl ms, epoch ttl ms (0: none).
+# Returns the new epoch, or nil when the lease is held.
+_ACQUIRE = (
+    _EXTEND
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
+end
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
+if epoch == 1 and tonumber(ARGV[3]) > 0 and redis.call('PTTL', KEYS[2]) == -1 then
+  -- INCR just created the counter without a TTL
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+else
+  extend(KEYS[2], ARGV[3])
+end
+return epoch
+"""
+)
+
+# KEYS: lease, epoch. ARGV: token (owner:epoch), lease ttl ms, epoch ttl ms. Returns 1 if renewed.
+_RENEW = (
+    _EXTEND
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+extend(KEYS[2], ARGV[3])
+return 1
+"""
+)
+
+# KEYS: lease. ARGV: token. Returns 1 if the lease was ours and is now gone.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# KEYS: epoch, state. ARGV: epoch, data, state ttl ms, epoch ttl ms.
+# Returns 1 if stored, 0 if ARGV[1] is not the current epoch. A missing counter reads as epoch 0,
+# like MemoryStateStore's counter.
+_SAVE = (
+    _EXTEND
+    + """
+local current = redis.call('GET', KEYS[1])
+if current == false then
+  current = '0'
+end
+if current ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+extend(KEYS[1], ARGV[4])
+return 1
+"""
+)
+
+_SCAN_COUNT: Final = 200  # directory entries per HSCAN page (a hint to Redis)
+
+
+class RedisStateStore(StateStore):
+    """:class:`~bargein.transport.abc.StateStore` on Redis (standalone or, key-wise, Cluster-ready).
+
+    ``redis`` must return bytes (``decode_responses=False``): checkpoints are binary msgpack.
+    ``epoch_min_ttl_ms`` is how long an epoch counter outlives the session's last lease or
+    checkpoint (``None``: forever, until :meth:`delete_state`); see the module docstring.
+    :meth:`close` closes ``redis``.
+    """
+
+    def __init__(
+        self, redis: aioredis.Redis, *, epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS
+    ) -> None:
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("RedisStateStore needs a client with decode_responses=False (state is binary)")
+        if epoch_min_ttl_ms is not None and epoch_min_ttl_ms <= 0:
+            raise ValueError(f"epoch_min_ttl_ms must be positive or None, got {epoch_min_ttl_ms}")
+        self._redis = redis
+        self._epoch_min_ttl_ms = epoch_min_ttl_ms
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._save = redis.register_script(_SAVE)
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS
+    ) -> RedisStateStore:
+        """A store with its own client for ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
+        return cls(aioredis.Redis.from_url(url, decode_responses=False), epoch_min_ttl_ms=epoch_min_ttl_ms)
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The underlying client (for health checks and tests)."""
+        return self._redis
+
+    def _epoch_ttl(self, ttl_ms: int) -> int:
+        """The TTL the epoch counter gets extended to alongside a lease/state TTL (0: never expires)."""
+        if self._epoch_min_ttl_ms is None:
+            return 0
+        return max(ttl_ms, self._epoch_min_ttl_ms)
+
+    # --- leases -----------------------------------------------------------------------------------
+
+    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+        _check_ttl(ttl_ms)
+        epoch = await self._acquire(
+            keys=[lease_key(tier, session), epoch_key(tier, session)],
+            args=[owner, ttl_ms, self._epoch_ttl(ttl_ms)],
+        )
+        return None if epoch is None else int(epoch)
+
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
+        _check_ttl(ttl_ms)
+        renewed = await self._renew(
+            keys=[lease_key(tier, session), epoch_key(tier, session)],
+            args=[_token(owner, epoch), ttl_ms, self._epoch_ttl(ttl_ms)],
+        )
+        return bool(renewed)
+
+    async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None:
+        await self._release(keys=[lease_key(tier, session)], args=[_token(owner, epoch)])
+
+    # --- the checkpoint ---------------------------------------------------------------------------
+
+    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+        _check_ttl(ttl_ms)
+        stored = await self._save(
+            keys=[epoch_key(tier, session), state_key(tier, session)],
+            args=[str(int(epoch)), data, ttl_ms, self._epoch_ttl(ttl_ms)],
+        )
+        if not stored:
+            raise StaleEpochError(f"epoch {epoch} is not current for {tier}/{session}")
+
+    async def load_state(self, tier: Tier, session: str) -> bytes | None:
+        data = await self._redis.get(state_key(tier, session))
+        return None if data is None else _as_bytes(data)
+
+    async def delete_state(self, tier: Tier, session: str) -> None:
+        # both keys carry the {session} hash tag: one slot, so one DEL is fine in Cluster too. The
+        # lease is left alone (as MemoryStateStore does); its holder can no longer save, and the
+        # next acquire after it restarts at epoch 1.
+        await self._redis.delete(state_key(tier, session), epoch_key(tier, session))
+
+    # --- the directory ----------------------------------------------------------------------------
+
+    async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
+        await self._redis.hset(session_directory_key(tier), session, info)
+
+    async def unregister_session(self, tier: Tier, session: str) -> None:
+        await self._redis.hdel(session_directory_key(tier), session)
+
+    async def session_info(self, tier: Tier, session: str) -> bytes | None:
+        info = await self._redis.hget(session_directory_key(tier), session)
+        return info if info is None or isinstance(info, bytes) else info.encode()
+
+    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+        """Registered sessions of ``tier`` whose lease key does not exist, at most ``limit``.
+
+        O(directory) per call: HSCAN pages of the directory, each followed by one pipelined round
+        of EXISTS on the page's lease keys (no cross-slot script). The answer is a snapshot: a
+        session may be adopted by someone else right after, which ``acquire_lease`` arbitrates.
+        """
+        if limit <= 0:
+            return []
+        directory = session_directory_key(tier)
+        out: list[tuple[str, bytes]] = []
+        seen: set[bytes] = set()  # HSCAN may return an entry more than once
+        cursor = 0
+        while True:
+            cursor, page = await self._redis.hscan(directory, cursor, count=_SCAN_COUNT)
+            if not isinstance(page, dict):  # only with no_values=True
+                raise TypeError(f"unexpected HSCAN reply {type(page).__name__}")
+            fresh = [(_as_bytes(name), _as_bytes(info)) for name, info in page.items()]
+            fresh = [(name, info) for name, info in fresh if name not in seen]
+            seen.update(name for name, _ in fresh)
+            if fresh:
+                sessions = [(name.decode(), info) for name, info in fresh]
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for session, _ in sessions:
+                        pipe.exists(lease_key(tier, session))
+                    held = await pipe.execute()
+                for (session, info), exists in zip(sessions, held, strict=True):
+                    if not exists:
+                        out.append((session, info))
+                        if len(out) >= limit:
+                            return out
+            if cursor == 0:
+                return out
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _token(owner: str, epoch: int) -> str:
+    """The lease value: unique per acquisition, since every acquire gets a new epoch."""
+    return f"{owner}:{int(epoch)}"
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    """Replies are bytes (``decode_responses=False``); the str half of redis-py's types is not."""
+    if isinstance(value, bytes):
+        return value
+    raise TypeError(f"expected bytes from Redis, got {type(value).__name__}")
+
+
+def _check_ttl(ttl_ms: int) -> None:
+    if ttl_ms <= 0:
+        raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")

@@ -1,0 +1,176 @@
+"""The envelope every event travels in, and its msgpack codec.
+
+Every message on the bus carries where it belongs (session), where in the conversation it sits
+(turn, seq), who may have produced it (owner epoch, the fencing token), when, and the trace context.
+:func:`decode` is the single entry point for bytes from outside: it checks size first, unpacks with
+msgpack (which builds only plain data; nothing is ever unpickled or imported), validates the shape,
+and resolves the event type through the registry. Every failure is a typed
+:class:`~bargein.errors.EnvelopeError` whose ``reason`` the services count and attach to the
+dead-lettered message.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bargein.agent.events import Event, event_type
+from bargein.agent.message import Message, Source
+from bargein.errors import (
+    InvalidEnvelope,
+    InvalidSessionId,
+    MessageTooLarge,
+    UndecodableMessage,
+)
+from bargein.tracing import current_carrier
+
+WIRE_VERSION = 1
+DEFAULT_MAX_BYTES = 256 * 1024
+
+# Session ids become part of routing keys and Redis keys: no dots, no braces, bounded length.
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def validate_session_id(session: str) -> str:
+    if not isinstance(session, str) or not SESSION_ID_PATTERN.fullmatch(session):
+        raise InvalidSessionId(f"invalid session id {session!r}: use 1-64 of [A-Za-z0-9_-]")
+    return session
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Envelope(BaseModel):
+    """One event on the bus. ``payload`` holds the event's fields as plain data."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    v: int = WIRE_VERSION
+    type: str = Field(min_length=1, max_length=128)
+    session: str
+    turn: int = Field(default=0, ge=0)
+    seq: int = Field(default=0, ge=0)
+    epoch: int = Field(default=0, ge=0)
+    ts: float = Field(default_factory=time.time)
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=64)
+    source: str = Field(default="", max_length=128)
+    trace: dict[str, str] = Field(default_factory=dict)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def wrap(cls, session: str, event: Event, **fields: Any) -> Envelope:
+        """An envelope for ``event``; unless told otherwise it carries the current trace context."""
+        validate_session_id(session)
+        fields.setdefault("trace", current_carrier())
+        return cls(type=event.type_name(), session=session, payload=event.to_payload(), **fields)
+
+    @property
+    def control(self) -> bool:
+        return event_type(self.type).control
+
+    @property
+    def lane(self) -> str:
+        return event_type(self.type).lane
+
+    def event(self) -> Event:
+        """The typed event; :class:`InvalidEnvelope` if the payload does not fit the type."""
+        cls = event_type(self.type)
+        try:
+            return cls.model_validate(self.payload)
+        except ValidationError as exc:
+            raise InvalidEnvelope(f"{self.type} payload does not validate: {exc.errors()[:3]}") from None
+
+
+def encode(envelope: Envelope) -> bytes:
+    data: bytes = msgpack.packb(envelope.model_dump(), use_bin_type=True)
+    return data
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def _require_plain(obj: Any, depth: int = 0) -> None:
+    """Only plain msgpack data may cross the wire: no extension types (msgpack's timestamps
+    included), and no absurd nesting."""
+    if depth > 32:
+        raise InvalidEnvelope("message nests too deeply")
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _require_plain(key, depth + 1)
+            _require_plain(value, depth + 1)
+    elif isinstance(obj, list):
+        for value in obj:
+            _require_plain(value, depth + 1)
+    elif not isinstance(obj, _PLAIN):
+        raise InvalidEnvelope(f"message carries a {type(obj).__name__}, which is not plain data")
+
+
+def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope, Event]:
+    """Bytes from the bus → (envelope, event). Raises a typed EnvelopeError and nothing else."""
+    if len(raw) > max_bytes:
+        raise MessageTooLarge(f"message of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for malformed input
+        raise UndecodableMessage(f"not a msgpack message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidEnvelope(f"envelope must be a map, got {type(data).__name__}")
+    _require_plain(data)
+    if data.get("v") != WIRE_VERSION:
+        raise InvalidEnvelope(f"unsupported envelope version {data.get('v')!r}")
+    session = data.get("session")
+    validate_session_id(session)  # type: ignore[arg-type]  # validated at runtime
+    if isinstance(data.get("type"), str):
+        event_type(data["type"])  # unknown types fail as UnknownEventType, before shape errors
+    try:
+        envelope = Envelope.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidEnvelope(f"malformed envelope: {exc.errors()[:3]}") from None
+    return envelope, envelope.event()
+
+
+# --- the bus message routes receive, from and to the wire -------------------------------------------
+
+
+def message_of(envelope: Envelope, event: Event) -> Message:
+    """The :class:`~bargein.agent.message.Message` routes and handlers see for a received envelope."""
+    return Message(
+        event=event,
+        source=envelope.source or Source.USER,
+        id=envelope.id,
+        timestamp=envelope.ts,
+        session=envelope.session,
+        turn=envelope.turn,
+        seq=envelope.seq,
+        epoch=envelope.epoch,
+        trace=dict(envelope.trace),
+    )
+
+
+def encode_message(message: Message) -> bytes:
+    """A message as bytes, for checkpoints (a trigger an adopter must run again)."""
+    return encode(
+        Envelope(
+            type=message.event.type_name(),
+            session=message.session,
+            turn=message.turn,
+            seq=message.seq,
+            epoch=message.epoch,
+            ts=message.timestamp,
+            id=message.id,
+            source=message.source,
+            trace=dict(message.trace),
+            payload=message.event.to_payload(),
+        )
+    )
+
+
+def decode_message(raw: bytes) -> Message:
+    """The inverse of :func:`encode_message`, through the same checks as any bytes from outside."""
+    return message_of(*decode(raw, max_bytes=len(raw)))
