@@ -46,5 +46,9 @@ class InvalidEnvelope(EnvelopeError):
     reason = "bad_envelope"
 
 
+class UnroutableError(BargeinError):
+    """A control message matched no queue: nobody would have received the interrupt."""
+
+
 class StaleEpochError(BargeinError):
     """A write carried an owner epoch older than the session's current lease: the writer was fenced."""

@@ -1,7 +1,6 @@
 """The real stack the client tests talk to: ``python -m services.broadcast`` (the edge) with a
-reasoning process and, when the speech service exists, a speech process, over real RabbitMQ and
-Redis (found, skipped or failed exactly as in ``tests/integration``: under ``CI=true`` a missing
-broker fails the run).
+reasoning process and a speech process, over real RabbitMQ and Redis (found, skipped or failed as
+``tests/services.py`` says: under ``CI=true`` a missing broker fails the run).
 
 One stack serves each test module (module scope, so two stacks never run at once: the workers
 of every stack compete for the same shared session queues, and a session taken by another
@@ -22,9 +21,8 @@ import httpx
 import pytest
 
 from tests.integration.cluster import REPO, Cluster, cluster_env, reset_shared_queues
-from tests.integration.conftest import rabbitmq_url, redis_url
 
-__all__ = ["Stack", "rabbitmq_url", "redis_url", "stack"]
+__all__ = ["Stack", "stack"]
 
 EDGE_READY = "edge ready"  # the broadcast service logs it once it listens
 WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it takes session starts
@@ -37,7 +35,6 @@ AGENT_WORDS_PER_S = 8  # a default reply (30-40 words) lasts about 4 s: time eno
 class Stack:
     url: str  # the edge's base URL, http://127.0.0.1:PORT
     cluster: Cluster
-    speech: bool  # whether a speech process runs (audio is understood)
 
     def logs(self) -> str:
         return self.cluster.logs()
@@ -48,14 +45,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def speech_service_exists() -> bool:
-    return (REPO / "services" / "speech" / "__main__.py").exists()
-
-
-def broadcast_service_exists() -> bool:
-    return (REPO / "services" / "broadcast" / "__main__.py").exists()
 
 
 def wait_ready(url: str, cluster: Cluster, timeout: float = READY_TIMEOUT_S) -> None:
@@ -76,8 +65,6 @@ def wait_ready(url: str, cluster: Cluster, timeout: float = READY_TIMEOUT_S) -> 
 
 @pytest.fixture(scope="module")
 def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if not broadcast_service_exists():
-        pytest.fail("services/broadcast/__main__.py does not exist: the broadcast service is not written yet")
     reset_shared_queues(rabbitmq_url, redis_url)
     port = free_port()
     env = cluster_env(
@@ -94,11 +81,9 @@ def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFa
     url = f"http://127.0.0.1:{port}"
     try:
         cluster.start("services.reasoning", WORKER_READY)
-        speech = speech_service_exists()
-        if speech:
-            cluster.start("services.speech", WORKER_READY)
+        cluster.start("services.speech", WORKER_READY)
         cluster.start("services.broadcast", EDGE_READY)
         wait_ready(url, cluster)
-        yield Stack(url, cluster, speech)
+        yield Stack(url, cluster)
     finally:
         cluster.stop_all()

@@ -25,8 +25,6 @@ from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING
 from tests.broadcast.conftest import FIXTURES, Stack
 
-pytestmark = pytest.mark.integration
-
 CHROMIUM_VAR = "BARGEIN_CHROMIUM"  # another Chromium binary to use
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 ANSWER_TIMEOUT_MS = 30_000  # generous: a busy 2-core CI box runs three services and a browser
@@ -177,8 +175,6 @@ async def test_text_turns_answer_and_stop_button_cut(stack: Stack, text_page: tu
 async def test_microphone_question_answer_and_barge_in(
     stack: Stack, voice_page: tuple[Any, list[str]]
 ) -> None:
-    if not stack.speech:
-        pytest.fail("services/speech does not exist: the speech service is needed for audio")
     page, problems = voice_page
     await _start(page, stack)
     await page.wait_for_selector('#mic-state[data-state="on"]', timeout=10_000)

@@ -436,7 +436,6 @@ async def test_text_and_wav_together_is_a_usage_error(tmp_path: Path) -> None:
 # --- against the real stack -------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 async def test_real_text_conversation_with_a_barge_in(stack: Stack) -> None:
     out, err = io.StringIO(), io.StringIO()
     code = await run_call(
@@ -469,10 +468,7 @@ async def test_real_text_conversation_with_a_barge_in(stack: Stack) -> None:
     assert of(records, "ended"), records  # the hang-up ended the session and the edge said so
 
 
-@pytest.mark.integration
 async def test_real_wav_question_then_barge_in(stack: Stack) -> None:
-    if not stack.speech:
-        pytest.fail("services/speech does not exist: the speech service is needed for audio")
     wav = FIXTURES / "barge_in.wav"
     out, err = io.StringIO(), io.StringIO()
     code = await run_call(stack.url, wav, None, json_lines=True, out=out, err=err, listen_after_s=1.5)

@@ -14,7 +14,6 @@ import pytest
 
 from bargein.tools.demo_audio import run_audio_demo
 from bargein.tools.demo_distributed import run_distributed_demo
-from tests.broadcast.conftest import broadcast_service_exists, speech_service_exists
 from tests.integration.cluster import reset_shared_queues
 
 
@@ -47,8 +46,6 @@ def _slow_scripted_llm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not speech_service_exists():
-        pytest.fail("services/speech does not exist: the in-process audio demo needs its pieces")
     _slow_scripted_llm(monkeypatch)
     out, err = io.StringIO(), io.StringIO()
     assert await run_audio_demo(out=out, err=err, json_lines=True) == 0, err.getvalue()
@@ -62,10 +59,7 @@ async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch) -> None:
     assert assistant[0] == delivered and "twenty-two degrees" not in delivered
 
 
-@pytest.mark.integration
 async def test_distributed_demo(rabbitmq_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not (broadcast_service_exists() and speech_service_exists()):
-        pytest.fail("the distributed demo needs services/broadcast and services/speech")
     await asyncio.to_thread(reset_shared_queues, rabbitmq_url, redis_url)
     _slow_scripted_llm(monkeypatch)
     monkeypatch.setenv("BARGEIN_RABBITMQ_URL", rabbitmq_url)

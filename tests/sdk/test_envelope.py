@@ -14,6 +14,7 @@ from bargein.agent.events import (
     AgentGenerationComplete,
     AgentHandoff,
     AgentResponse,
+    CustomReceived,
     EmergencyStop,
     Event,
     ToolCall,
@@ -488,11 +489,11 @@ async def test_memory_transport_dead_letters_bad_messages_and_keeps_order() -> N
         seen.append((envelope, event))
 
     sub = await transport.open_mailbox(SESSION, "reasoning", "in", handler)
-    good = [
+    good = [  # all data: control would overtake them (tests/contract holds that)
         AgentResponse(content="one"),
         ToolCall(tool_name="lookup", tool_args={"q": "x"}),
-        AgentHandoff(target_agent="billing", reason="asked"),
-        EnvelopeTestStop(reason="custom"),
+        CustomReceived(metadata={"plan": "gold"}),
+        UserTranscriptionReceived(content="custom"),
         AgentResponse(content="last"),
     ]
     bad: list[tuple[str, bytes]] = [
@@ -593,13 +594,13 @@ async def test_session_keeps_working_after_bad_messages() -> None:
         ]
         for _, body in bad:
             await s.transport.publish_raw(sid, "in", "AgentResponse", body)
-        # a well-formed envelope of another session, routed to this one, is ignored and counted
+        # a well-formed envelope of another session, routed to this one, is refused by the mailbox
         stray = Envelope.wrap("another_session", UserStoppedSpeaking())
         await s.transport.publish_raw(sid, "in", "UserStoppedSpeaking", encode(stray))
+        bad.append(("bad_session", encode(stray)))
         await s.broker.settle()
 
         assert [d.reason for d in s.broker.dead] == [reason for reason, _ in bad]
-        assert s.runtime.counters["wrong_session"] == 1
 
         await s.emit(UserTranscriptionReceived(content="hello?"))
         await s.emit(UserStoppedSpeaking())

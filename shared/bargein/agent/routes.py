@@ -223,8 +223,3 @@ class Route:
     def cutting(self) -> list[Clause]:
         """Clauses that cut a running turn off, numbered for checkpoints: interrupts, then suspends."""
         return [*self.interrupts, *self.suspends]
-
-
-def clause_for(clauses: Sequence[Clause], message: Message) -> Clause | None:
-    """The first clause ``message``'s event belongs to."""
-    return next((c for c in clauses if isinstance(message.event, c.types)), None)

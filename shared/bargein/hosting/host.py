@@ -15,16 +15,14 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from bargein.agent.events import Event
 from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
 from bargein.transport.abc import SessionProcessor, StateStore, Subscription, Transport
-from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
@@ -80,7 +78,6 @@ class _Owned:
     runtime: SessionProcessor
     subscription: Subscription
     renewer: asyncio.Task[None]
-    last_activity: float = field(default_factory=time.monotonic)
 
 
 class _NoSubscription(Subscription):
@@ -132,14 +129,9 @@ class SessionHost:
         )
         renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
         owned = _Owned(runtime, _NoSubscription(), renewer)
-
-        async def handle(envelope: Envelope, event: Event) -> None:
-            owned.last_activity = time.monotonic()
-            await runtime.handle(envelope, event)
-
         try:
             await runtime.start()
-            owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, handle)
+            owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
         except BaseException:
             renewer.cancel()
             await runtime.close(checkpoint=False)
@@ -194,7 +186,7 @@ class SessionHost:
             await self.close(sid)
 
     def _gone_quiet(self, owned: _Owned) -> bool:
-        idle = time.monotonic() - owned.last_activity
+        idle = time.monotonic() - owned.runtime.last_activity
         return self.idle_end_s is not None and idle > self.idle_end_s and not owned.runtime.active_turns
 
     async def _renew(self, session_id: str, epoch: int) -> None:
@@ -217,7 +209,7 @@ class SessionHost:
                 log.info(
                     "session %s: no message for %.0f s; the caller is gone, ending it",
                     session_id,
-                    time.monotonic() - owned.last_activity,
+                    time.monotonic() - owned.runtime.last_activity,
                 )
                 self._spawn(self.finish(session_id))
                 return

@@ -41,7 +41,7 @@ from bargein import tracing
 from bargein.agent.calling import call_flexible, close_generator
 from bargein.agent.events import AgentError, Event
 from bargein.agent.message import Message
-from bargein.agent.routes import Bridge, Callback, Route, clause_for
+from bargein.agent.routes import Bridge, Callback, Clause, Route
 from bargein.agent.turn import reset_current_run, set_current_run
 from bargein.errors import BargeinError
 from bargein.wire.envelope import decode_message, encode_message
@@ -214,6 +214,11 @@ class TurnRun:
         await self.host.turn_interrupted(self)
 
 
+def _clause_for(clauses: list[Clause], message: Message) -> Clause | None:
+    """The first clause ``message``'s event belongs to."""
+    return next((c for c in clauses if isinstance(message.event, c.types)), None)
+
+
 def as_event(value: Any, event_type: type[Event] | None) -> Event:
     """What ``.broadcast()`` publishes for a value: the event itself, or ``event_type`` wrapping it."""
     if isinstance(value, Event) and (event_type is None or isinstance(value, event_type)):
@@ -272,9 +277,9 @@ class RouteExecutor:
         (the session then checkpoints before the event is acknowledged)."""
         route = self.route
         queued = False
-        if clause_for(route.suspends, message) is not None:
+        if _clause_for(route.suspends, message) is not None:
             self.suspended = True
-        resume = clause_for(route.resumes, message)
+        resume = _clause_for(route.resumes, message)
         if resume is not None:
             self.suspended = False
             if resume.handler is not None:
@@ -291,10 +296,10 @@ class RouteExecutor:
     async def control(self, message: Message, index: int) -> None:
         """Let ``message``'s interrupt and suspend clauses cut off what was dispatched before it."""
         route = self.route
-        clause = clause_for(route.interrupts, message)
+        clause = _clause_for(route.interrupts, message)
         if clause is not None:
             await self._interrupt(clause.condition, route.cutting.index(clause), message, index)
-        clause = clause_for(route.suspends, message)
+        clause = _clause_for(route.suspends, message)
         if clause is not None:  # suspending stops what runs, as Line meant it to
             cut = route.cutting.index(clause)
             if not await self._interrupt(None, cut, message, index) and clause.handler is not None:

@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -90,6 +91,7 @@ class SessionRuntime(SessionProcessor):
         self.initial_message_sent = False
         self.fenced = False  # another owner took the session over: write nothing more
         self.closed = False
+        self.last_activity = time.monotonic()
         self._dirty = False
         self._checkpoint_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -188,10 +190,6 @@ class SessionRuntime(SessionProcessor):
     async def handle(self, envelope: Envelope, event: Event) -> None:
         """Transport handler: returns once the event has been dispatched (not once routes are done
         with it), so the next event, an interrupt above all, is never held up by a route's work."""
-        if envelope.session != self.session_id:
-            self.count("wrong_session")
-            log.warning("session %s got a message for %s; ignored", self.session_id, envelope.session)
-            return
         message = message_of(envelope, event)
         if isinstance(event, SpeechDelivered):
             if self._on_delivery_report(event):

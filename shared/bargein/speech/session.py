@@ -28,6 +28,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -81,6 +82,7 @@ class SpeechSession(SessionProcessor):
         self.owner = own.owner
         self.on_end = own.on_end
         self.fenced = False
+        self.last_activity = time.monotonic()
         self.settings = settings
         self.batcher = batcher
         self.transcriber: Transcriber = transcriber or NullTranscriber()
@@ -177,6 +179,7 @@ class SpeechSession(SessionProcessor):
         """One mailbox message. Returns at once unless this session's windows are piling up in the
         batcher, in which case it waits for room (so excess audio waits in the bounded mailbox,
         where the oldest is dropped, instead of here)."""
+        self.last_activity = time.monotonic()
         if isinstance(event, EndCall):  # the call is over: stop owning it (the mailbox hears this one)
             self.on_end(self.session_id)
             return

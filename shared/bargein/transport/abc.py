@@ -138,6 +138,7 @@ class SessionProcessor(ABC):
 
     epoch: int
     fenced: bool  # set when the lease was lost: write nothing more
+    last_activity: float  # time.monotonic() of the last message handled: the host ends quiet sessions
 
     @abstractmethod
     async def start(self) -> None:
@@ -145,7 +146,8 @@ class SessionProcessor(ABC):
 
     @abstractmethod
     async def handle(self, envelope: Envelope, event: Event) -> None:
-        """One message from the mailbox; it is acknowledged when this returns."""
+        """One message from the mailbox (the transport calls it directly); it is acknowledged when
+        this returns. Implementations note ``last_activity``."""
 
     @abstractmethod
     async def close(self, *, checkpoint: bool = True) -> None: ...

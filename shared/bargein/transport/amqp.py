@@ -38,7 +38,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import DeliveryError
 
-from bargein.errors import BargeinError, EnvelopeError, InvalidSessionId
+from bargein.errors import EnvelopeError, InvalidSessionId, UnroutableError
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -65,10 +65,6 @@ log = logging.getLogger("bargein.transport.amqp")
 
 CONTENT_TYPE = "application/msgpack"
 DEAD_QUEUE_MAX = 100_000
-
-
-class UnroutableError(BargeinError):
-    """A control message matched no queue: nobody would have received the interrupt."""
 
 
 class _Consumer(Subscription):

@@ -1,9 +1,12 @@
 """The in-process transport and state store, for the SDK's tests, ``LocalSession`` and the demo.
 
-They implement :mod:`bargein.transport.abc` with the same semantics the RabbitMQ and Redis implementations
-have, so everything above them is exercised for real: messages are encoded to bytes and decoded
-again (bad ones are dead-lettered with a reason), mailboxes outlive their consumers, delivery is
-one message at a time per mailbox in publish order, leases lapse and epochs fence stale writers.
+They implement :mod:`bargein.transport.abc` with the same semantics the RabbitMQ and Redis
+implementations have (``tests/contract`` runs one suite against both), so everything above them is
+exercised for real: messages are encoded to bytes and decoded again (bad ones, and ones for another
+session, are dead-lettered with a reason), mailboxes outlive their consumers, delivery is one
+message at a time per mailbox in publish order except that control overtakes the data still
+waiting, an interrupt nobody would receive is an error, audio mailboxes keep only their newest
+frames, leases lapse and epochs fence stale writers.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from bargein.errors import EnvelopeError, StaleEpochError
+from bargein.errors import EnvelopeError, InvalidSessionId, StaleEpochError, UnroutableError
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, StateStore, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -51,16 +54,44 @@ class DeadLetter:
     reason: str
     error: str
     body: bytes
+    queue: str = ""  # the mailbox it came from (RabbitMQ's x-bargein-queue header)
+
+
+@dataclass
+class _Item:
+    serial: int  # publish order across the broker
+    body: bytes
+    control: bool
 
 
 @dataclass
 class _Mailbox:
     name: str
     patterns: list[tuple[str, str]]  # (exchange, topic pattern)
-    items: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
+    session: str | None = None  # a session's mailbox takes only that session's envelopes
+    priority: bool = True  # control overtakes waiting data (RabbitMQ: x-max-priority); audio: FIFO
+    max_length: int | None = None  # keep only the newest (RabbitMQ: x-max-length, drop-head)
+    items: collections.deque[_Item] = field(default_factory=collections.deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     consumer: asyncio.Task[None] | None = None
-    max_length: int | None = None
+
+    def put(self, item: _Item) -> bool:
+        """Queue ``item``; False if the oldest waiting item was dropped to make room."""
+        dropped = False
+        if self.max_length is not None and len(self.items) >= self.max_length:
+            # drop-head, as RabbitMQ's x-overflow does for audio (never the one in flight)
+            del self.items[1 if self.consumer is not None and len(self.items) > 1 else 0]
+            dropped = True
+        if item.control and self.priority:
+            # ahead of the data waiting, behind the one being handled (prefetch 1) and earlier control
+            i = 1 if self.consumer is not None and self.items else 0
+            while i < len(self.items) and self.items[i].control:
+                i += 1
+            self.items.insert(i, item)
+        else:
+            self.items.append(item)
+        self.wakeup.set()
+        return not dropped
 
 
 class MemoryBroker:
@@ -76,25 +107,23 @@ class MemoryBroker:
         self._serial = itertools.count(1)
         self._last_serial = 0
 
-    def route(self, exchange: str, key: str, body: bytes) -> int:
+    def route(self, exchange: str, key: str, body: bytes, *, control: bool = False) -> int:
         serial = next(self._serial)
         self._last_serial = serial
         delivered = 0
         for box in self.mailboxes.values():
             if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns):
-                if box.max_length is not None and len(box.items) >= box.max_length:
-                    # drop-head, as RabbitMQ's x-overflow does for audio (never the one in flight)
-                    del box.items[1 if box.consumer is not None and len(box.items) > 1 else 0]
+                if not box.put(_Item(serial, body, control)):
                     self.counters["dropped_oldest"] += 1
-                box.items.append((serial, body))
-                box.wakeup.set()
                 delivered += 1
         if not delivered:
             self.counters["unroutable"] += 1
+            if control:
+                raise UnroutableError(f"control message {key} reached no queue")
         return delivered
 
-    def dead_letter(self, reason: str, error: str, body: bytes) -> None:
-        self.dead.append(DeadLetter(reason, error, body))
+    def dead_letter(self, reason: str, error: str, body: bytes, queue: str = "") -> None:
+        self.dead.append(DeadLetter(reason, error, body, queue))
         self.counters[f"dead:{reason}"] += 1
         if self.counters[f"dead:{reason}"] == 1:
             log.warning("dead-lettered a message (%s): %s", reason, error)
@@ -108,10 +137,10 @@ class MemoryBroker:
         deadline = time.monotonic() + timeout
         for _ in range(rounds):
             target = self._last_serial
-            # a message leaves its mailbox only after its handler returned, so the head of a
-            # mailbox is what is still in flight
+            # a message leaves its mailbox only after its handler returned; control may have
+            # overtaken older data, so look at every item, not only the head
             while any(
-                box.consumer is not None and box.items and box.items[0][0] <= target
+                box.consumer is not None and any(item.serial <= target for item in box.items)
                 for box in self.mailboxes.values()
             ):
                 if time.monotonic() > deadline:
@@ -167,7 +196,7 @@ class MemoryTransport(Transport):
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
-        self.broker.route(lane_exchange(envelope.lane), key, encode(envelope))
+        self.broker.route(lane_exchange(envelope.lane), key, encode(envelope), control=envelope.control)
 
     async def publish_raw(
         self,
@@ -198,11 +227,13 @@ class MemoryTransport(Transport):
             while not box.items:
                 box.wakeup.clear()
                 await box.wakeup.wait()
-            _, body = box.items[0]
+            item = box.items[0]
             try:
-                envelope, event = decode(body, max_bytes=broker.max_message_bytes)
+                envelope, event = decode(item.body, max_bytes=broker.max_message_bytes)
+                if box.session is not None and envelope.session != box.session:
+                    raise InvalidSessionId(f"message for session {envelope.session!r} in {box.name}")
             except EnvelopeError as exc:
-                broker.dead_letter(exc.reason, str(exc), body)
+                broker.dead_letter(exc.reason, str(exc), item.body, box.name)
             else:
                 try:
                     await handler(envelope, event)
@@ -210,8 +241,8 @@ class MemoryTransport(Transport):
                     raise  # not acked: stays at the head for the next consumer
                 except Exception as exc:
                     log.exception("handler failed on %s", envelope.type)
-                    broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", body)
-            box.items.popleft()
+                    broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", item.body, box.name)
+            box.items.remove(item)  # not popleft: control may have been put ahead of it meanwhile
 
     async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
         box = self.broker.mailboxes[name] = _Mailbox(name, [])
@@ -221,13 +252,16 @@ class MemoryTransport(Transport):
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         name = mailbox_queue(tier, session)
         if name not in self.broker.mailboxes:
+            audio = tier == TIER_SPEECH
             self.broker.mailboxes[name] = _Mailbox(
                 name,
                 [
                     (tier_exchange(tier), mailbox_binding(session, direction)),
                     *mailbox_extra_bindings(tier, session),
                 ],
-                max_length=self.audio_mailbox_frames if tier == TIER_SPEECH else None,
+                session=session,
+                priority=not audio,
+                max_length=self.audio_mailbox_frames if audio else None,
             )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
@@ -307,7 +341,9 @@ class MemoryStateStore(StateStore):
         return entry[0]
 
     async def delete_state(self, tier: Tier, session: str) -> None:
+        """The checkpoint and the epoch counter go (the next acquire starts at epoch 1 again)."""
         self._state.pop((tier, session), None)
+        self._epochs.pop((tier, session), None)
 
     async def register_session(self, tier: Tier, session: str, info: bytes) -> None:
         self._directory[tier][session] = info
@@ -320,13 +356,13 @@ class MemoryStateStore(StateStore):
 
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         now = time.monotonic()
-        out = []
+        out: list[tuple[str, bytes]] = []
         for session, info in self._directory[tier].items():
+            if len(out) >= limit:
+                break
             lease = self._leases.get((tier, session))
             if lease is None or lease.expires <= now:
                 out.append((session, info))
-            if len(out) >= limit:
-                break
         return out
 
     def expire_lease(self, tier: Tier, session: str) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for the integration tests, which talk to real RabbitMQ and Redis.
+"""Finding the real RabbitMQ and Redis the contract, integration and client tests talk to.
 
 Where the services come from, per service:
 
@@ -8,7 +8,7 @@ Where the services come from, per service:
 
 Each service is checked once per test session. If it cannot be reached, its tests are skipped with
 the reason, except under ``CI=true``, where they fail: CI must never pass by skipping everything.
-Every test collected below this directory is marked ``integration``.
+The fixtures themselves are in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,13 @@ import asyncio
 import functools
 import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import pytest
 import redis
-
-from bargein.transport.redis_store import RedisStateStore
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -41,16 +37,6 @@ REDIS_IMAGE = "redis:7-alpine"
 
 PROBE_TIMEOUT_S = 2.0  # a service that is down costs at most about this much, once
 CONTAINER_READY_TIMEOUT_S = 60.0
-
-_HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # a conftest's hook sees every collected item, not only this directory's: filter by path
-    for item in items:
-        if item.path.resolve().is_relative_to(_HERE):
-            item.add_marker(pytest.mark.integration)
-
 
 # --- reachability ---------------------------------------------------------------------------------
 
@@ -190,33 +176,16 @@ def _start_rabbitmq() -> tuple[DockerContainer, str]:
     return container, f"amqp://guest:guest@{host}:{port}/"
 
 
-# --- fixtures -------------------------------------------------------------------------------------
+# --- what the fixtures in tests/conftest.py yield -------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def rabbitmq_url() -> Iterator[str]:
-    """A reachable RabbitMQ (checked once per session)."""
+def rabbitmq_service() -> Iterator[str]:
+    """A reachable RabbitMQ's URL, for the life of the generator (a container's, if one was started)."""
     yield from _service_url(
         "RabbitMQ", RABBITMQ_URL_VAR, DEFAULT_RABBITMQ_URL, _probe_rabbitmq, _start_rabbitmq
     )
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A reachable Redis (checked once per session)."""
+def redis_service() -> Iterator[str]:
+    """A reachable Redis's URL, for the life of the generator."""
     yield from _service_url("Redis", REDIS_URL_VAR, DEFAULT_REDIS_URL, _probe_redis, _start_redis)
-
-
-@pytest.fixture
-async def redis_store(redis_url: str) -> AsyncIterator[RedisStateStore]:
-    store = RedisStateStore.from_url(redis_url)
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-@pytest.fixture
-def unique_id() -> str:
-    """A fresh short id, so tests never collide on keys, queues or sessions."""
-    return uuid.uuid4().hex[:12]

@@ -1,0 +1,132 @@
+"""The StateStore contract, held by MemoryStateStore and RedisStateStore alike.
+
+What the session host builds on: a lease is held by one owner at a time and hands out a strictly
+increasing epoch; only the current epoch may write the checkpoint; a lapsed lease makes its session
+an orphan any worker may adopt; deleting a finished session's state starts its epochs over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from bargein.errors import StaleEpochError
+from bargein.transport.abc import StateStore
+from bargein.wire.names import TIER_REASONING, TIER_SPEECH
+
+TIER = TIER_REASONING
+SHORT_MS = 200
+LAPSE_S = 0.45  # comfortably past SHORT_MS
+LONG_MS = 60_000
+BINARY = bytes(range(256)) + b"\xff\xfe not utf-8 \x00"
+
+Session = Callable[[str], str]
+
+
+async def test_one_owner_at_a_time_and_each_acquisition_gets_the_next_epoch(
+    store: StateStore, session: Session
+) -> None:
+    s = session("lease")
+    assert await store.acquire_lease(TIER, s, "a", SHORT_MS) == 1
+    assert await store.acquire_lease(TIER, s, "b", SHORT_MS) is None
+    assert await store.acquire_lease(TIER_SPEECH, s, "b", LONG_MS) == 1  # tiers are independent
+    await asyncio.sleep(LAPSE_S)
+    assert await store.acquire_lease(TIER, s, "b", LONG_MS) == 2  # lapsed: taken, fenced forward
+
+
+async def test_renewing_keeps_the_lease_and_only_its_holder_may(store: StateStore, session: Session) -> None:
+    s = session("renew")
+    epoch = await store.acquire_lease(TIER, s, "a", SHORT_MS)
+    assert epoch == 1
+    for _ in range(4):
+        await asyncio.sleep(SHORT_MS / 2000)
+        assert await store.renew_lease(TIER, s, "a", epoch, SHORT_MS)
+    assert not await store.renew_lease(TIER, s, "b", epoch, SHORT_MS)  # not the owner
+    assert not await store.renew_lease(TIER, s, "a", epoch + 1, SHORT_MS)  # not its epoch
+    await store.release_lease(TIER, s, "b", epoch)  # a stranger's release does nothing
+    assert await store.acquire_lease(TIER, s, "b", SHORT_MS) is None
+    await store.release_lease(TIER, s, "a", epoch)
+    assert await store.acquire_lease(TIER, s, "b", SHORT_MS) == 2
+
+
+async def test_a_former_owner_can_neither_renew_release_nor_write(
+    store: StateStore, session: Session
+) -> None:
+    s = session("fenced")
+    old = await store.acquire_lease(TIER, s, "a", SHORT_MS)
+    assert old == 1
+    await store.save_state(TIER, s, old, b"from a", LONG_MS)
+    await asyncio.sleep(LAPSE_S)  # a was paused past its lease
+    new = await store.acquire_lease(TIER, s, "b", LONG_MS)
+    assert new == 2
+    await store.save_state(TIER, s, new, b"from b", LONG_MS)
+    assert not await store.renew_lease(TIER, s, "a", old, LONG_MS)
+    await store.release_lease(TIER, s, "a", old)
+    with pytest.raises(StaleEpochError):
+        await store.save_state(TIER, s, old, b"late write from a", LONG_MS)
+    assert await store.load_state(TIER, s) == b"from b"
+    assert await store.acquire_lease(TIER, s, "c", LONG_MS) is None  # b still holds it
+
+
+async def test_the_checkpoint_round_trips_exact_bytes_and_expires(
+    store: StateStore, session: Session
+) -> None:
+    s = session("state")
+    assert await store.load_state(TIER, s) is None
+    epoch = await store.acquire_lease(TIER, s, "a", LONG_MS)
+    assert epoch is not None
+    await store.save_state(TIER, s, epoch, BINARY, LONG_MS)
+    assert await store.load_state(TIER, s) == BINARY
+    assert await store.load_state(TIER_SPEECH, s) is None
+    await store.save_state(TIER, s, epoch, b"short-lived", SHORT_MS)
+    await asyncio.sleep(LAPSE_S)
+    assert await store.load_state(TIER, s) is None
+
+
+async def test_a_write_without_ever_holding_the_lease_is_fenced(store: StateStore, session: Session) -> None:
+    s = session("never")
+    with pytest.raises(StaleEpochError):
+        await store.save_state(TIER, s, 5, b"x", LONG_MS)
+    await store.save_state(TIER, s, 0, b"epoch zero", LONG_MS)  # no counter yet reads as epoch 0
+    assert await store.load_state(TIER, s) == b"epoch zero"
+
+
+async def test_deleting_a_finished_sessions_state_starts_its_epochs_over(
+    store: StateStore, session: Session
+) -> None:
+    s = session("delete")
+    epoch = await store.acquire_lease(TIER, s, "a", LONG_MS)
+    assert epoch == 1
+    await store.save_state(TIER, s, epoch, b"x", LONG_MS)
+    await store.release_lease(TIER, s, "a", epoch)
+    assert await store.acquire_lease(TIER, s, "b", LONG_MS) == 2
+    await store.release_lease(TIER, s, "b", 2)
+    await store.delete_state(TIER, s)
+    assert await store.load_state(TIER, s) is None
+    assert await store.acquire_lease(TIER, s, "c", LONG_MS) == 1
+
+
+async def test_the_directory_names_live_sessions_and_orphans_are_those_nobody_holds(
+    store: StateStore, session: Session
+) -> None:
+    held, lapsing, free = session("held"), session("lapsing"), session("free")
+    for s in (free, held, lapsing):
+        await store.register_session(TIER, s, f"info of {s}".encode())
+    assert await store.session_info(TIER, held) == f"info of {held}".encode()
+    assert await store.session_info(TIER_SPEECH, held) is None
+    assert await store.acquire_lease(TIER, held, "a", LONG_MS) == 1
+    assert await store.acquire_lease(TIER, lapsing, "a", SHORT_MS) == 1
+
+    def mine(orphans: list[tuple[str, bytes]]) -> dict[str, bytes]:  # the directory may be shared
+        return {s: info for s, info in orphans if s in (held, lapsing, free)}
+
+    assert mine(await store.orphaned_sessions(TIER, limit=10_000)) == {free: f"info of {free}".encode()}
+    await asyncio.sleep(LAPSE_S)
+    assert set(mine(await store.orphaned_sessions(TIER, limit=10_000))) == {lapsing, free}
+    assert len(await store.orphaned_sessions(TIER, limit=1)) == 1
+    assert await store.orphaned_sessions(TIER, limit=0) == []
+    await store.unregister_session(TIER, free)
+    assert await store.session_info(TIER, free) is None
+    assert set(mine(await store.orphaned_sessions(TIER, limit=10_000))) == {lapsing}

@@ -1,0 +1,251 @@
+"""The Transport contract, held by MemoryTransport and AmqpTransport alike.
+
+What the runtime builds on: a session's mailbox gets that session's events of one direction, in
+publish order, one at a time, except that control overtakes data still waiting; it outlives its
+consumer, so what arrives during a failover waits; nothing that fails to decode (or belongs to
+another session) ever reaches a handler, and a handler's failure costs only that message; an
+interrupt nobody would receive is an error; audio mailboxes keep only the newest frames; an edge
+queue hears exactly the sessions added to it; session starts go to a worker with room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from bargein import (
+    AgentResponse,
+    AudioFrame,
+    EndCall,
+    Event,
+    TurnInterrupted,
+    UserStartedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.errors import UnroutableError
+from bargein.wire.envelope import Envelope, encode
+from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH, mailbox_queue
+
+from .harness import AUDIO_FRAMES, Bus, T, until
+
+Session = Callable[[str], str]
+Seen = list[tuple[Envelope, Event]]
+
+
+def recorder(seen: Seen) -> Callable[[Envelope, Event], object]:
+    async def handle(envelope: Envelope, event: Event) -> None:
+        seen.append((envelope, event))
+
+    return handle
+
+
+def text(i: int | str) -> UserTranscriptionReceived:
+    return UserTranscriptionReceived(content=str(i))
+
+
+def contents(seen: Seen) -> list[str]:
+    return [getattr(event, "content", type(event).__name__) for _, event in seen]
+
+
+async def test_a_mailbox_gets_its_sessions_events_of_one_direction_in_order(
+    bus: Bus, session: Session
+) -> None:
+    mine, other = session("mine"), session("other")
+    consumer, publisher = await bus.transport(), await bus.transport()
+    seen: Seen = []
+    await consumer.open_mailbox(mine, TIER_REASONING, IN, recorder(seen))
+    await consumer.declare_mailbox(other, TIER_REASONING, IN)
+    for i in range(50):
+        await publisher.publish(Envelope.wrap(mine, text(i), seq=i), IN)
+        if i % 10 == 0:
+            await publisher.publish(Envelope.wrap(other, text("other session"), seq=i), IN)
+            await publisher.publish(Envelope.wrap(mine, AgentResponse(content="other direction")), OUT)
+    await until(lambda: len(seen) >= 50)
+    await asyncio.sleep(0.2)
+    assert contents(seen) == [str(i) for i in range(50)]
+
+
+async def test_what_arrives_before_anyone_consumes_waits_and_outlives_a_consumer(
+    bus: Bus, session: Session
+) -> None:
+    s = session()
+    publisher = await bus.transport()
+    await publisher.declare_mailbox(s, TIER_REASONING, IN)
+    for i in range(3):
+        await publisher.publish(Envelope.wrap(s, text(i)), IN)
+    first, seen = await bus.transport(), []
+    subscription = await first.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await until(lambda: len(seen) == 3)
+    await subscription.cancel()
+    for i in range(3, 6):
+        await publisher.publish(Envelope.wrap(s, text(i)), IN)  # nobody consumes: it waits
+    second, later = await bus.transport(), []
+    await second.open_mailbox(s, TIER_REASONING, IN, recorder(later))
+    await until(lambda: len(later) == 3)
+    assert contents(seen) == ["0", "1", "2"] and contents(later) == ["3", "4", "5"]
+
+
+async def test_a_message_whose_consumer_dies_mid_handling_goes_to_the_next_one(
+    bus: Bus, session: Session
+) -> None:
+    s = session()
+    publisher, doomed = await bus.transport(), await bus.transport()
+    started = asyncio.Event()
+
+    async def hang(envelope: Envelope, event: Event) -> None:
+        started.set()
+        await asyncio.Event().wait()  # the process dies before it acknowledges
+
+    await doomed.open_mailbox(s, TIER_REASONING, IN, hang)
+    await publisher.publish(Envelope.wrap(s, text("in flight")), IN)
+    await publisher.publish(Envelope.wrap(s, text("next")), IN)
+    async with asyncio.timeout(T):
+        await started.wait()
+    await doomed.close()
+    adopter, seen = await bus.transport(), []
+    await adopter.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await until(lambda: len(seen) == 2)
+    assert contents(seen) == ["in flight", "next"]
+
+
+async def test_undecodable_and_foreign_messages_are_dead_lettered_and_never_handled(
+    bus: Bus, session: Session
+) -> None:
+    s = session()
+    consumer, seen = await bus.transport(), []
+    await consumer.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await bus.publish_raw(s, IN, "UserTranscriptionReceived", b"\xc1 not msgpack")
+    stray = Envelope.wrap(session("elsewhere"), text("for another session"))
+    await bus.publish_raw(s, IN, "UserTranscriptionReceived", encode(stray))
+    publisher = await bus.transport()
+    await publisher.publish(Envelope.wrap(s, text("good")), IN)
+    assert await bus.dead_letter_reasons(s, 2) == ["undecodable", "bad_session"]
+    await until(lambda: len(seen) == 1)
+    assert contents(seen) == ["good"]
+
+
+async def test_a_failing_handler_costs_only_its_message(bus: Bus, session: Session) -> None:
+    s = session()
+    seen: list[str] = []
+
+    async def handle(envelope: Envelope, event: Event) -> None:
+        assert isinstance(event, UserTranscriptionReceived)
+        if event.content == "boom":
+            raise ValueError("handler exploded")
+        seen.append(event.content)
+
+    consumer, publisher = await bus.transport(), await bus.transport()
+    await consumer.open_mailbox(s, TIER_REASONING, IN, handle)
+    for content in ("a", "boom", "b"):
+        await publisher.publish(Envelope.wrap(s, text(content)), IN)
+    assert await bus.dead_letter_reasons(s, 1) == ["handler_error"]
+    await until(lambda: len(seen) == 2)
+    assert seen == ["a", "b"]
+
+
+async def test_control_overtakes_the_data_still_waiting(bus: Bus, session: Session) -> None:
+    s = session()
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def slow(envelope: Envelope, event: Event) -> None:
+        await release.wait()
+        seen.append(getattr(event, "content", type(event).__name__))
+
+    consumer, publisher = await bus.transport(), await bus.transport()
+    await consumer.open_mailbox(s, TIER_REASONING, IN, slow)
+    for i in range(20):
+        await publisher.publish(Envelope.wrap(s, text(i)), IN)
+    await asyncio.sleep(0.3)  # the first is being handled, the rest wait in the broker
+    await publisher.publish(Envelope.wrap(s, UserStartedSpeaking()), IN)
+    await asyncio.sleep(0.3)
+    release.set()
+    await until(lambda: len(seen) == 21)
+    assert seen.index("UserStartedSpeaking") <= 1  # at most the one in flight went first
+    assert [x for x in seen if x != "UserStartedSpeaking"] == [str(i) for i in range(20)]
+
+
+async def test_an_interrupt_nobody_would_receive_is_an_error_and_data_is_not(
+    bus: Bus, session: Session
+) -> None:
+    publisher = await bus.transport()
+    with pytest.raises(UnroutableError):
+        await publisher.publish(Envelope.wrap(session("nobody"), UserStartedSpeaking()), IN)
+    await publisher.publish(Envelope.wrap(session("nobody"), text("lost, and that is allowed")), IN)
+
+
+async def test_speech_mailboxes_keep_only_the_newest_audio_and_hear_the_hang_up(
+    bus: Bus, session: Session
+) -> None:
+    s = session()
+    publisher = await bus.transport()
+    await publisher.declare_mailbox(s, TIER_SPEECH, IN)
+    for i in range(AUDIO_FRAMES + 15):
+        await publisher.publish(Envelope.wrap(s, AudioFrame(data=bytes([i % 256]) * 64), seq=i), IN)
+    await publisher.publish(Envelope.wrap(s, EndCall(reason="hung up")), IN)  # events exchange
+    consumer, seen = await bus.transport(), []
+    await consumer.open_mailbox(s, TIER_SPEECH, IN, recorder(seen))
+    await until(lambda: bool(seen) and isinstance(seen[-1][1], EndCall))
+    frames = [env.seq for env, event in seen if isinstance(event, AudioFrame)]
+    assert frames == list(range(16, AUDIO_FRAMES + 15))  # the oldest were dropped for the rest
+
+
+async def test_an_edge_queue_hears_the_sessions_added_to_it_until_removed(bus: Bus, session: Session) -> None:
+    s, other = session("edge"), session("not-mine")
+    edge, publisher, seen = await bus.transport(), await bus.transport(), []
+    queue = await edge.open_edge_queue(f"bargein.edge.{s}", recorder(seen))
+    await queue.add_session(s)
+    await publisher.declare_mailbox(s, TIER_REASONING, IN)  # so the caller-side events route somewhere
+    await publisher.publish(Envelope.wrap(s, AgentResponse(content="output"), turn=1), OUT)
+    await publisher.publish(Envelope.wrap(s, UserStartedSpeaking()), IN)
+    await publisher.publish(Envelope.wrap(s, text("a transcript is not for the edge")), IN)
+    await publisher.publish(Envelope.wrap(other, AgentResponse(content="another session")), OUT)
+    await publisher.publish(Envelope.wrap(s, TurnInterrupted(turn=1), turn=1), OUT)
+    await until(lambda: len(seen) == 3)
+    await queue.remove_session(s)
+    await publisher.publish(Envelope.wrap(s, AgentResponse(content="after removal")), OUT)
+    await asyncio.sleep(0.3)
+    # control overtakes what is still waiting; among data, and among control, order holds
+    assert sorted(contents(seen)) == sorted(["output", "UserStartedSpeaking", "TurnInterrupted"])
+    await queue.cancel()
+
+
+async def test_a_session_start_goes_to_a_worker_with_room(bus: Bus, session: Session) -> None:
+    s = session("start").encode()
+    full, roomy, publisher = await bus.transport(), await bus.transport(), await bus.transport()
+    offered_full: list[bytes] = []
+    taken: list[bytes] = []
+
+    async def no_room(info: bytes) -> bool:
+        offered_full.append(info)
+        return False
+
+    async def room(info: bytes) -> bool:
+        taken.append(info)
+        return True
+
+    first = await full.consume_session_starts(TIER_EDGE, no_room)  # no worker consumes this tier
+    await publisher.publish_session_start(TIER_EDGE, s)
+    await until(lambda: s in offered_full)
+    await roomy.consume_session_starts(TIER_EDGE, room)
+    await until(lambda: s in taken)
+    await first.cancel()
+    await asyncio.sleep(0.5)
+    assert taken.count(s) == 1  # taken once, by the worker that had room
+
+
+async def test_deleting_a_mailbox_drops_what_waited_in_it(bus: Bus, session: Session) -> None:
+    s = session()
+    transport = await bus.transport()
+    await transport.declare_mailbox(s, TIER_REASONING, IN)
+    await transport.publish(Envelope.wrap(s, text("stale")), IN)
+    await transport.delete_mailbox(s, TIER_REASONING)
+    seen: Seen = []
+    await transport.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await transport.publish(Envelope.wrap(s, text("fresh")), IN)
+    await until(lambda: len(seen) == 1)
+    await asyncio.sleep(0.2)
+    assert contents(seen) == ["fresh"]
+    assert mailbox_queue(TIER_REASONING, s).endswith(s)
