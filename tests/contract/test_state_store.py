@@ -14,9 +14,10 @@ import pytest
 
 from bargein.errors import StaleEpochError
 from bargein.transport.abc import StateStore
-from bargein.wire.names import TIER_REASONING, TIER_SPEECH
+from bargein.wire.names import TIER_EDGE, TIER_REASONING, TIER_SPEECH
 
 TIER = TIER_REASONING
+DIRECTORY_TIER = TIER_EDGE
 SHORT_MS = 200
 LAPSE_S = 0.45  # comfortably past SHORT_MS
 LONG_MS = 60_000
@@ -34,6 +35,14 @@ async def test_one_owner_at_a_time_and_each_acquisition_gets_the_next_epoch(
     assert await store.acquire_lease(TIER_SPEECH, s, "b", LONG_MS) == 1  # tiers are independent
     await asyncio.sleep(LAPSE_S)
     assert await store.acquire_lease(TIER, s, "b", LONG_MS) == 2  # lapsed: taken, fenced forward
+
+
+async def test_of_many_acquiring_at_once_exactly_one_gets_the_lease(
+    store: StateStore, session: Session
+) -> None:
+    s = session("race")
+    epochs = await asyncio.gather(*(store.acquire_lease(TIER, s, f"w{i}", LONG_MS) for i in range(20)))
+    assert sorted(e for e in epochs if e is not None) == [1]
 
 
 async def test_renewing_keeps_the_lease_and_only_its_holder_may(store: StateStore, session: Session) -> None:
@@ -111,22 +120,24 @@ async def test_deleting_a_finished_sessions_state_starts_its_epochs_over(
 async def test_the_directory_names_live_sessions_and_orphans_are_those_nobody_holds(
     store: StateStore, session: Session
 ) -> None:
+    # the edge tier: no worker of a stack running beside the suite adopts its orphans
     held, lapsing, free = session("held"), session("lapsing"), session("free")
     for s in (free, held, lapsing):
-        await store.register_session(TIER, s, f"info of {s}".encode())
-    assert await store.session_info(TIER, held) == f"info of {held}".encode()
+        await store.register_session(DIRECTORY_TIER, s, f"info of {s}".encode())
+    assert await store.session_info(DIRECTORY_TIER, held) == f"info of {held}".encode()
     assert await store.session_info(TIER_SPEECH, held) is None
-    assert await store.acquire_lease(TIER, held, "a", LONG_MS) == 1
-    assert await store.acquire_lease(TIER, lapsing, "a", SHORT_MS) == 1
+    assert await store.acquire_lease(DIRECTORY_TIER, held, "a", LONG_MS) == 1
+    assert await store.acquire_lease(DIRECTORY_TIER, lapsing, "a", SHORT_MS) == 1
 
     def mine(orphans: list[tuple[str, bytes]]) -> dict[str, bytes]:  # the directory may be shared
         return {s: info for s, info in orphans if s in (held, lapsing, free)}
 
-    assert mine(await store.orphaned_sessions(TIER, limit=10_000)) == {free: f"info of {free}".encode()}
+    orphans = mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))
+    assert orphans == {free: f"info of {free}".encode()}
     await asyncio.sleep(LAPSE_S)
-    assert set(mine(await store.orphaned_sessions(TIER, limit=10_000))) == {lapsing, free}
-    assert len(await store.orphaned_sessions(TIER, limit=1)) == 1
-    assert await store.orphaned_sessions(TIER, limit=0) == []
-    await store.unregister_session(TIER, free)
-    assert await store.session_info(TIER, free) is None
-    assert set(mine(await store.orphaned_sessions(TIER, limit=10_000))) == {lapsing}
+    assert set(mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))) == {lapsing, free}
+    assert len(await store.orphaned_sessions(DIRECTORY_TIER, limit=1)) == 1
+    assert await store.orphaned_sessions(DIRECTORY_TIER, limit=0) == []
+    await store.unregister_session(DIRECTORY_TIER, free)
+    assert await store.session_info(DIRECTORY_TIER, free) is None
+    assert set(mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))) == {lapsing}

@@ -9,7 +9,7 @@ RabbitMQ connection. Failures are real: processes are killed with SIGKILL or sto
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,6 @@ from bargein import (
 from bargein.testing.caller import Caller
 from bargein.wire.envelope import Envelope, decode, encode, new_session_id
 from bargein.wire.names import (
-    DEAD_QUEUE,
-    DEAD_REASON_HEADER,
     EVENTS_EXCHANGE,
     IN,
     TIER_REASONING,
@@ -41,6 +39,7 @@ from bargein.wire.names import (
 )
 from bargein.wire.session_info import SessionInfo
 
+from ..contract.harness import RabbitBus
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, T, ask, chunks, connected_client, text_of
 
@@ -66,23 +65,9 @@ async def start(client: Client, agent: str = "tests.integration.agents:probe", *
     return await client.open({"agent": agent, **options})
 
 
-async def dead_letter_reasons(rabbitmq_url: str, count: int, from_queue: Callable[[str], bool]) -> list[str]:
-    """The reason headers of the next ``count`` dead letters that came from a matching queue."""
-    reasons: list[str] = []
-    connection = await aio_pika.connect(rabbitmq_url)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
-        async with asyncio.timeout(T):
-            while len(reasons) < count:
-                message = await queue.get(fail=False)
-                if message is None:
-                    await asyncio.sleep(0.05)
-                    continue
-                await message.ack()
-                if from_queue(str(message.headers.get("x-bargein-queue", ""))):
-                    reasons.append(str(message.headers[DEAD_REASON_HEADER]))
-    return reasons
+async def dead_letter_reasons(rabbitmq_url: str, count: int, queue_part: str) -> list[str]:
+    """The reason headers of the next ``count`` dead letters from queues whose name has ``queue_part``."""
+    return await RabbitBus(rabbitmq_url).dead_letter_reasons(queue_part, count)
 
 
 # --- every seed form, over RabbitMQ ---------------------------------------------------------------
@@ -312,7 +297,7 @@ async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
     await ask(caller, "after")
     assert text_of(await caller.collect_turn(timeout=T)) == "before after"
 
-    reasons = await dead_letter_reasons(rabbitmq_url, len(bad), lambda q: q.endswith(sid))
+    reasons = await dead_letter_reasons(rabbitmq_url, len(bad), sid)
     assert sorted(reasons) == sorted(bad)
 
 
@@ -326,5 +311,5 @@ async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
     await ask(caller, "still working")
     assert text_of(await caller.collect_turn(timeout=T)) == "still working"
 
-    reasons = await dead_letter_reasons(rabbitmq_url, 2, lambda q: q == session_work_queue(TIER_REASONING))
+    reasons = await dead_letter_reasons(rabbitmq_url, 2, session_work_queue(TIER_REASONING))
     assert sorted(reasons) == ["bad_envelope", "bad_session"]

@@ -1,4 +1,5 @@
-"""RedisStateStore against a real Redis: leases, fencing epochs, checkpoints, key layout, directory."""
+"""RedisStateStore against a real Redis: what it keeps where (keys, TTLs, hash tags), what its scripts
+do to them, and its client requirements. The behaviour every StateStore shares is tests/contract's."""
 
 from __future__ import annotations
 
@@ -168,54 +169,6 @@ async def test_concurrent_acquires_elect_exactly_one_owner(
 # --- the checkpoint -------------------------------------------------------------------------------
 
 
-async def test_save_with_the_current_epoch_and_load_return_the_exact_bytes(
-    redis_store: RedisStateStore, new_session: SessionFactory
-) -> None:
-    session = new_session("s")
-    assert await redis_store.load_state(TIER, session) is None
-    epoch = await redis_store.acquire_lease(TIER, session, "worker-a", LONG_TTL_MS)
-    assert epoch is not None
-    await redis_store.save_state(TIER, session, epoch, BINARY, LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == BINARY
-    await redis_store.save_state(TIER, session, epoch, b"", LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == b""
-    assert await redis_store.load_state("edge", session) is None
-
-
-async def test_save_with_an_older_epoch_raises_and_leaves_the_state_alone(
-    redis_store: RedisStateStore, new_session: SessionFactory
-) -> None:
-    session = new_session("s")
-    first = await redis_store.acquire_lease(TIER, session, "worker-a", SHORT_TTL_MS)
-    assert first == 1
-    await redis_store.save_state(TIER, session, first, b"v1", LONG_TTL_MS)
-    await asyncio.sleep(LAPSE_S)
-    second = await redis_store.acquire_lease(TIER, session, "worker-b", LONG_TTL_MS)
-    assert second == 2
-
-    with pytest.raises(StaleEpochError, match="epoch 1 is not current"):
-        await redis_store.save_state(TIER, session, first, b"stale write", LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == b"v1"
-    with pytest.raises(StaleEpochError):  # an epoch from the future is not current either
-        await redis_store.save_state(TIER, session, second + 1, b"future write", LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == b"v1"
-
-    await redis_store.save_state(TIER, session, second, BINARY, LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == BINARY
-
-
-async def test_state_expires_after_its_ttl(redis_store: RedisStateStore, new_session: SessionFactory) -> None:
-    session = new_session("s")
-    epoch = await redis_store.acquire_lease(TIER, session, "worker-a", LONG_TTL_MS)
-    assert epoch is not None
-    await redis_store.save_state(TIER, session, epoch, b"short-lived", SHORT_TTL_MS)
-    await asyncio.sleep(LAPSE_S)
-    assert await redis_store.load_state(TIER, session) is None
-    # the epoch counter outlives the state: the holder can still write
-    await redis_store.save_state(TIER, session, epoch, b"again", LONG_TTL_MS)
-    assert await redis_store.load_state(TIER, session) == b"again"
-
-
 async def test_delete_state_removes_the_state_and_the_epoch_counter(
     redis_store: RedisStateStore, raw: aioredis.Redis, new_session: SessionFactory
 ) -> None:
@@ -311,42 +264,6 @@ async def test_every_key_of_a_session_carries_its_hash_tag(
 
 
 # --- the directory --------------------------------------------------------------------------------
-
-
-async def test_orphaned_sessions_are_the_registered_ones_nobody_holds(
-    redis_store: RedisStateStore, new_session: SessionFactory
-) -> None:
-    held, free = new_session("held"), new_session("free")
-    await redis_store.register_session(TIER, held, b"\x81\xa4info\xa4held")
-    await redis_store.register_session(TIER, free, b"\x81\xa4info\xa4free")
-    epoch = await redis_store.acquire_lease(TIER, held, "worker-a", LONG_TTL_MS)
-    assert epoch is not None
-    # a lease without a directory entry is not an orphan, and other tiers are separate directories
-    await redis_store.acquire_lease(TIER, new_session("unregistered"), "worker-a", LONG_TTL_MS)
-    assert _mine(await redis_store.orphaned_sessions("edge", limit=100_000), held, free) == {}
-
-    orphans = await redis_store.orphaned_sessions(TIER, limit=100_000)
-    assert _mine(orphans, held, free) == {free: b"\x81\xa4info\xa4free"}
-
-    await redis_store.release_lease(TIER, held, "worker-a", epoch)
-    orphans = await redis_store.orphaned_sessions(TIER, limit=100_000)
-    assert _mine(orphans, held, free) == {held: b"\x81\xa4info\xa4held", free: b"\x81\xa4info\xa4free"}
-
-    await redis_store.unregister_session(TIER, free)
-    await redis_store.unregister_session(TIER, new_session("never-registered"))  # no error
-    orphans = await redis_store.orphaned_sessions(TIER, limit=100_000)
-    assert _mine(orphans, held, free) == {held: b"\x81\xa4info\xa4held"}
-
-
-async def test_a_lapsed_lease_makes_its_session_an_orphan(
-    redis_store: RedisStateStore, new_session: SessionFactory
-) -> None:
-    session = new_session("s")
-    await redis_store.register_session(TIER, session, b"info")
-    assert await redis_store.acquire_lease(TIER, session, "worker-a", SHORT_TTL_MS) == 1
-    assert _mine(await redis_store.orphaned_sessions(TIER, limit=100_000), session) == {}
-    await asyncio.sleep(LAPSE_S)
-    assert _mine(await redis_store.orphaned_sessions(TIER, limit=100_000), session) == {session: b"info"}
 
 
 async def test_orphaned_sessions_scans_a_large_directory_and_honours_the_limit(

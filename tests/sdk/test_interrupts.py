@@ -17,13 +17,13 @@ from bargein import (
     SpeechDelivered,
     UserStartedSpeaking,
     UserStoppedSpeaking,
-    UserTranscriptionReceived,
 )
 from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN
 
+from ..agents import interruptible_agent
 from .helpers import ask, reply_text, take_chunks, wait_for
 
 WORDS = " ".join(f"w{i}" for i in range(40))
@@ -60,19 +60,7 @@ class Recorder(ReasoningNode):
 
 
 def recorder_agent(log: list[str], **kw: Any) -> Any:
-    def agent(session: SessionInfo) -> Bridge:
-        node = Recorder(log, **kw)
-        bridge = Bridge(node)
-        bridge.on(UserTranscriptionReceived).map(node.add_event)
-        (
-            bridge.on(UserStoppedSpeaking)
-            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
-            .stream(node.generate)
-            .broadcast()
-        )
-        return bridge
-
-    return agent
+    return interruptible_agent(lambda: Recorder(log, **kw))
 
 
 async def test_handler_runs_after_the_cancelled_turn_has_unwound() -> None:

@@ -15,19 +15,25 @@ from bargein.edge.core import Edge
 from bargein.edge.tokens import Tokens
 from bargein.hosting.host import default_owner_id
 from bargein.hosting.logs import configure_logging
-from bargein.settings import BroadcastSettings, BrokerSettings, CoreSettings, SpeechSettings, load
+from bargein.settings import (
+    DEFAULT_EDGE_SECRET,
+    BroadcastSettings,
+    BrokerSettings,
+    CoreSettings,
+    SpeechSettings,
+    load,
+)
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
 
 log = logging.getLogger("bargein.edge")
-DEFAULT_SECRET = "dev-secret-change-me"
 
 
 async def serve(
     core: CoreSettings, broker: BrokerSettings, edge_settings: BroadcastSettings, speech: SpeechSettings
 ) -> None:
     owner = f"edge-{default_owner_id()}"
-    if edge_settings.edge_secret == DEFAULT_SECRET:
+    if edge_settings.edge_secret == DEFAULT_EDGE_SECRET:
         log.warning("BARGEIN_EDGE_SECRET is the development default: set your own before exposing the edge")
     transport = await AmqpTransport.connect(
         broker.rabbitmq_url,

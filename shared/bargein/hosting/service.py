@@ -1,7 +1,8 @@
-"""Running a session-owning service (reasoning today, speech next) until it is told to stop.
+"""Running a session-owning service (the reasoning and the speech tier) until it is told to stop.
 
-A service is: settings → transport (RabbitMQ) + state store (Redis) → agent → host → worker, then
-wait for SIGINT/SIGTERM and drain. The services' ``__main__`` modules only call :func:`main`.
+A service is: settings → transport (RabbitMQ) + state store (Redis) → the tier's session processors
+(the agent's runtime, or speech detection) → host → worker, then wait for SIGINT/SIGTERM and drain.
+``bargein reasoning``, ``bargein speech`` and the services' ``__main__`` modules only call :func:`main`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The ``bargein`` command. Each subcommand only parses its arguments and calls into the package."""
+"""The ``bargein`` command. Each subcommand only parses its arguments and calls into the package.
+
+Each subcommand imports its module when it runs (the one place in bargein that imports inside
+functions): ``bargein --help`` or ``bargein call`` then need not load the model runtime, the web
+server and the broker clients the other subcommands use."""
 
 from __future__ import annotations
 

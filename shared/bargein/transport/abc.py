@@ -1,9 +1,11 @@
-"""The two seams between the runtime and the outside world.
+"""The seams between the runtime and the outside world, and what a host runs per session.
 
 Everything above these interfaces (routes, nodes, the session runtime, the session host, the test
-harness) is shared by the in-process runtime (:mod:`bargein.transport.memory`) and the distributed one
-(RabbitMQ + Redis). A transport moves envelopes; a state store keeps what must outlive a process
-and decides, through leases with fencing epochs, which process owns a session.
+harness) is shared by the in-process runtime (:mod:`bargein.transport.memory`) and the distributed
+one (:mod:`~bargein.transport.amqp` and :mod:`~bargein.transport.redis_store`). A transport moves
+envelopes; a state store keeps what must outlive a process and decides, through leases with fencing
+epochs, which process owns a session. ``tests/contract`` holds both implementations of each to the
+same behaviour.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Transport(ABC):
     @abstractmethod
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         """Route ``envelope`` to every mailbox bound to its session and direction. Control events
-        (``Event.control``) overtake data waiting in the broker."""
+        (``Event.control``) overtake data waiting in the broker; one that no queue would receive
+        raises :class:`~bargein.errors.UnroutableError` (data is allowed to go nowhere)."""
 
     @abstractmethod
     async def open_mailbox(
@@ -47,8 +50,10 @@ class Transport(ABC):
     ) -> Subscription:
         """Declare ``tier``'s mailbox for ``session`` (idempotently) and consume it in order.
 
-        ``handler`` is awaited for one message at a time; a message is acknowledged when it returns.
-        Messages that fail to decode never reach the handler: they are dead-lettered and counted.
+        ``handler`` is awaited for one message at a time; a message is acknowledged when it returns
+        (a handler that raises costs that message only: it is dead-lettered). Messages that fail to
+        decode, or belong to another session, never reach the handler: they are dead-lettered with
+        a reason and counted. The speech tier's mailbox keeps only its newest audio frames.
         """
 
     @abstractmethod
