@@ -7,6 +7,8 @@ Every test is marked with its tier, so a tier can be run on its own (``pytest -m
 * ``contract``: ``tests/contract``, one suite run against the in-memory and the real implementation
   of each seam (the real half is ``integration`` too);
 * ``browser``: Debian's Chromium driving the web page (``tests/broadcast/test_browser.py``);
+* ``faults``: ``tests/faults``, the whole product on brokers of its own, which the tests kill, pause
+  and restart (``integration`` too);
 * ``unit``: everything else, in process (``tests/sdk``, ``tests/speech``, ``tests/line``, the checks
   of the repository itself).
 
@@ -38,6 +40,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tiers.add("integration")
         if relative.parts[0] == "contract":
             tiers.add("contract")
+        if relative.parts[0] == "faults":
+            tiers |= {"faults", "integration"}
         if relative.name in BROWSER_TESTS:
             tiers.add("browser")
         for tier in tiers or {"unit"}:

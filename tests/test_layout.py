@@ -168,3 +168,13 @@ def test_what_users_import_still_imports() -> None:
     assert callable(LocalSession)
     missing = [name for name in bargein.__all__ if not hasattr(bargein, name)]
     assert missing == []
+
+
+def test_every_setting_is_in_the_readmes_table_and_the_table_names_only_real_ones() -> None:
+    from bargein.settings import all_variables
+
+    readme = (REPO / "README.md").read_text()
+    table = set(re.findall(r"^\| `(BARGEIN_\w+)`", readme, re.M))
+    table |= {f"BARGEIN_{name}" for name in re.findall(r"^\| `BARGEIN_\w+` / `BARGEIN_(\w+)`", readme, re.M)}
+    assert all_variables() - table == set(), "settings missing from the README's table"
+    assert table - all_variables() == set(), "the README documents settings that do not exist"

@@ -18,10 +18,11 @@ from bargein.errors import SettingsError, TurnTakingError
 
 PREFIX = "BARGEIN_"
 DEFAULT_EDGE_SECRET = "dev-secret-change-me"  # the edge warns at start-up while this is in use
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
 
 
 class _Base(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True, allow_inf_nan=False)
 
 
 class CoreSettings(_Base):
@@ -65,6 +66,12 @@ class BrokerSettings(_Base):
 
     rabbitmq_url: str = Field(default="amqp://guest:guest@localhost:5672/", pattern=r"^amqps?://")
     redis_url: str = Field(default="redis://localhost:6379/0", pattern=r"^(redis|rediss|unix)://")
+    redis_pool_size: int = Field(
+        default=64, ge=1, le=10_000, description="Redis connections per process; callers wait for a free one."
+    )
+    redis_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="How long a Redis command or a wait for a connection may take."
+    )
     lease_ttl_ms: int = Field(default=5_000, ge=500, le=600_000, description="Session lease lifetime.")
     state_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long idle session state is kept.")
     mailbox_expiry_s: int = Field(default=3600, ge=10, description="An unused mailbox is deleted after this.")
@@ -117,6 +124,9 @@ class BroadcastSettings(_Base):
     token_ttl_s: int = Field(default=3600, ge=10, description="How long a session token is valid.")
     send_buffer: int = Field(default=256, ge=8, description="Frames queued per connection before it is cut.")
     report_interval_ms: float = Field(default=50, ge=0, description="How often delivery is reported back.")
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1024, le=16 * 1024 * 1024, description="Largest HTTP request body."
+    )
 
 
 # --- per-session turn-taking -----------------------------------------------------------------------
@@ -130,14 +140,16 @@ TURN_TAKING_FIELDS = (
 )
 TURN_TAKING_ALIASES = {"threshold": "speech_threshold"}
 
-# Built from SpeechSettings' own fields, so a session's bounds and defaults are the environment's.
+# Built from SpeechSettings' own fields, so a session's bounds and defaults are the environment's;
+# strict (JSON numbers only: no strings, no booleans) and finite.
+_FIELDS: dict[str, Any] = {
+    name: (SpeechSettings.model_fields[name].annotation, SpeechSettings.model_fields[name])
+    for name in TURN_TAKING_FIELDS
+}
 _TurnTaking: type[BaseModel] = create_model(
     "TurnTaking",
-    __config__=ConfigDict(extra="forbid", frozen=True),
-    **{
-        name: (SpeechSettings.model_fields[name].annotation, SpeechSettings.model_fields[name])
-        for name in TURN_TAKING_FIELDS
-    },  # type: ignore[call-overload]
+    __config__=ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False),
+    **_FIELDS,
 )
 
 

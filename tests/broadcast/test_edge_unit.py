@@ -16,6 +16,7 @@ from bargein.edge.protocol import AgentChunk, Clear, SpeakingStarted, TurnComple
 from bargein.settings import BroadcastSettings
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope
+from bargein.wire.names import TIER_REASONING
 
 from ..sdk.helpers import wait_for
 
@@ -49,6 +50,9 @@ def frames(connection: Connection) -> list[dict[str, Any]]:
 
 
 async def push(edge: Edge, session: str, event: Any, **fields: int) -> None:
+    """Hand the edge what its queue would: ``event`` as the session's owner (epoch 1) sent it."""
+    if fields.get("epoch", 0) > await edge.store.current_epoch(TIER_REASONING, session):
+        await edge.store.acquire_lease(TIER_REASONING, session, "the-owner", 60_000)
     await edge.on_event(Envelope.wrap(session, event, **fields), event)
 
 
@@ -151,5 +155,20 @@ async def test_a_false_interruption_ends_the_speaking_state_for_clients() -> Non
             {"type": "user_started_speaking"},
             {"type": "user_stopped_speaking", "false_interruption": True},
         ]
+    finally:
+        await edge.stop()
+
+
+async def test_a_message_claiming_an_epoch_nobody_was_given_is_dropped() -> None:
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)
+        connection = await edge.join("s6", sock, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s6", AgentResponse(content="real"), turn=1, seq=0, epoch=1)
+        forged = AgentResponse(content="forged")
+        await edge.on_event(Envelope.wrap("s6", forged, turn=2, seq=0, epoch=10**9), forged)
+        await push(edge, "s6", AgentResponse(content="still real"), turn=1, seq=1, epoch=1)
+        assert [f.get("text") for f in frames(connection)] == ["real", "still real"]
+        assert edge.counters["forged_epochs"] == 1
     finally:
         await edge.stop()

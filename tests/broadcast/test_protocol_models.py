@@ -82,7 +82,16 @@ def test_what_is_not_the_protocol_is_refused_with_the_clients_code() -> None:
 def test_a_session_request_is_checked_with_the_speech_settings_bounds() -> None:
     assert SessionRequest.parse(b"").turn_taking == {}
     assert SessionRequest.parse(b'{"turn_taking": {"threshold": 0.6}}').turn_taking == {"threshold": 0.6}
-    for body in (b'{"turn_taking": {"min_silence_ms": 5}}', b'{"turn_taking": {"vad_tick_ms": 4}}', b"[1]"):
+    bad = [
+        b'{"turn_taking": {"min_silence_ms": 5}}',
+        b'{"turn_taking": {"vad_tick_ms": 4}}',
+        b'{"turn_taking": {"min_silence_ms": NaN}}',
+        b'{"turn_taking": {"min_silence_ms": Infinity}}',
+        b'{"turn_taking": {"min_silence_ms": true}}',
+        b'{"turn_taking": {"min_silence_ms": "600"}}',
+        b"[1]",
+    ]
+    for body in bad:
         with pytest.raises(ProtocolError) as refused:
             SessionRequest.parse(body)
         assert refused.value.code == "bad_request"

@@ -30,11 +30,14 @@ async def test_one_owner_at_a_time_and_each_acquisition_gets_the_next_epoch(
     store: StateStore, session: Session
 ) -> None:
     s = session("lease")
+    assert await store.current_epoch(TIER, s) == 0
     assert await store.acquire_lease(TIER, s, "a", SHORT_MS) == 1
+    assert await store.current_epoch(TIER, s) == 1
     assert await store.acquire_lease(TIER, s, "b", SHORT_MS) is None
     assert await store.acquire_lease(TIER_SPEECH, s, "b", LONG_MS) == 1  # tiers are independent
     await asyncio.sleep(LAPSE_S)
     assert await store.acquire_lease(TIER, s, "b", LONG_MS) == 2  # lapsed: taken, fenced forward
+    assert await store.current_epoch(TIER, s) == 2
 
 
 async def test_of_many_acquiring_at_once_exactly_one_gets_the_lease(

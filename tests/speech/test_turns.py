@@ -170,6 +170,13 @@ def test_overrides_apply_with_the_settings_names_and_the_threshold_alias() -> No
         ({"min_silence_ms": 10}, "min_silence_ms: Input should be greater than or equal to 32 (got 10)"),
         ({"speech_threshold": 1.5}, "speech_threshold: Input should be less than 1"),
         ({"min_interruption_ms": "soon"}, "min_interruption_ms: Input should be a valid number"),
+        (
+            {"min_interruption_ms": "300"},
+            "min_interruption_ms: Input should be a valid number",
+        ),  # numbers only
+        ({"min_silence_ms": True}, "min_silence_ms: Input should be a valid number"),
+        ({"min_silence_ms": float("nan")}, "min_silence_ms: Input should be a finite number"),
+        ({"false_interruption_timeout_ms": float("inf")}, "Input should be a finite number"),
         ({"silence": 500}, "silence: not a setting; a session may set speech_threshold"),
         ({"vad_tick_ms": 4}, "vad_tick_ms: a process setting"),
         ({"threshold": 0.5, "speech_threshold": 0.6}, "given twice"),

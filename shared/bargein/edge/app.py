@@ -24,6 +24,7 @@ from bargein import tracing
 from bargein.edge.core import Connection, Edge
 from bargein.edge.protocol import ErrorCode, ErrorFrame, ProtocolError, SessionRequest, frame_json, parse
 from bargein.edge.tokens import ROLES, Role, TokenError, Tokens
+from bargein.settings import DEFAULT_MAX_BODY_BYTES
 from bargein.wire.envelope import SESSION_ID_PATTERN
 
 log = logging.getLogger("bargein.edge.http")
@@ -31,17 +32,49 @@ log = logging.getLogger("bargein.edge.http")
 STATIC = Path(__file__).resolve().parent / "static"
 CLOSE_BAD_TOKEN = 4401
 CLOSE_UNKNOWN_SESSION = 4404
+CLOSE_TRY_AGAIN = 1013
 
 
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": "bad_request", "message": message}}, status_code=400)
 
 
-def create_app(edge: Edge, tokens: Tokens, *, public_url: str | None = None, ready: Any = None) -> Starlette:
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None once it is over ``limit`` bytes (read no further than that)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+async def _refuse(ws: WebSocket, frame: ErrorFrame, code: int) -> None:
+    await ws.send_json(frame_json(frame))
+    await ws.close(code)
+
+
+def create_app(
+    edge: Edge,
+    tokens: Tokens,
+    *,
+    public_url: str | None = None,
+    ready: Any = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
     async def create_session(request: Request) -> Response:
+        raw = await _read_body(request, max_body_bytes)
+        if raw is None:
+            edge.count("bodies_too_large")
+            message = f"the body is larger than {max_body_bytes} bytes"
+            return JSONResponse({"error": {"code": "too_large", "message": message}}, status_code=413)
         try:
-            body = SessionRequest.parse(await request.body())
+            body = SessionRequest.parse(raw)
         except ProtocolError as exc:
+            edge.count("bad_requests")
             return _bad_request(exc.message)
         session_id = await edge.create_session(body.agent_options, body.turn_taking)
         base = public_url or str(request.base_url).rstrip("/")
@@ -61,19 +94,27 @@ def create_app(edge: Edge, tokens: Tokens, *, public_url: str | None = None, rea
         role_param = ws.query_params.get("role", "caller")
         await ws.accept()
         try:
+            # an unknown session is unknown whatever token comes with it: 4404, not 4401
+            known = bool(SESSION_ID_PATTERN.fullmatch(session_id)) and await edge.known(session_id)
+        except Exception as exc:  # the state store is down: say so, rather than drop the socket
+            edge.count("joins_unavailable")
+            log.warning("session %s: cannot look the session up: %s: %s", session_id, type(exc).__name__, exc)
+            busy = ErrorFrame(code=ErrorCode.UNAVAILABLE, message="sessions cannot be looked up now; retry")
+            await _refuse(ws, busy, CLOSE_TRY_AGAIN)
+            return
+        if not known:
+            edge.count("unknown_sessions")
+            unknown = ErrorFrame(code=ErrorCode.UNKNOWN_SESSION, message=f"no session {session_id!r}")
+            await _refuse(ws, unknown, CLOSE_UNKNOWN_SESSION)
+            return
+        try:
             if role_param not in ROLES:
                 raise TokenError(f"role must be one of {ROLES}")
             role: Role = "caller" if role_param == "caller" else "listener"
             tokens.check(ws.query_params.get("token"), session_id, role)
         except TokenError as exc:
             edge.count("bad_tokens")
-            await ws.send_json(frame_json(ErrorFrame(code=ErrorCode.INVALID_TOKEN, message=str(exc))))
-            await ws.close(CLOSE_BAD_TOKEN)
-            return
-        if not SESSION_ID_PATTERN.fullmatch(session_id) or not await edge.known(session_id):
-            unknown = ErrorFrame(code=ErrorCode.UNKNOWN_SESSION, message=f"no session {session_id!r}")
-            await ws.send_json(frame_json(unknown))
-            await ws.close(CLOSE_UNKNOWN_SESSION)
+            await _refuse(ws, ErrorFrame(code=ErrorCode.INVALID_TOKEN, message=str(exc)), CLOSE_BAD_TOKEN)
             return
         connection = await edge.join(session_id, ws, role, ws.query_params.get("reports") == "played")
         try:

@@ -178,6 +178,7 @@ class EdgeSession:
         self.session_id = session_id
         self.connections: set[Connection] = set()
         self.fence = TurnFence()
+        self.owner_epoch = 0  # the reasoning owner's epoch, as confirmed by the state store
         self.policy: set[str] = set()
         self.highest_turn = 0
         self.completed: set[int] = set()
@@ -345,6 +346,13 @@ class Edge:
         session = self.sessions.get(envelope.session)
         if session is None or session.ended:
             return
+        from_owner = envelope.source not in Source.CALLER_SIDE
+        if (
+            from_owner
+            and envelope.epoch > session.owner_epoch
+            and not await self._new_owner(session, envelope)
+        ):
+            return
         if isinstance(event, InterruptPolicy):
             session.policy = set(event.events)
         elif isinstance(event, TurnInterrupted):
@@ -377,6 +385,27 @@ class Edge:
             session.broadcast(ErrorFrame(code=ErrorCode.AGENT_ERROR, message=event.message))
         elif isinstance(event, EndCall):
             await self._end(session, "caller" if envelope.source in Source.CALLER_SIDE else "agent")
+
+    async def _new_owner(self, session: EdgeSession, envelope: Envelope) -> bool:
+        """A message says the session has a new owner (a higher epoch). Believe it only if the state
+        store handed that epoch out: one forged message must not take the session's fence over."""
+        try:
+            current = await self.store.current_epoch(TIER_REASONING, session.session_id)
+        except Exception as exc:  # cannot check now (Redis down): a forgery then is a second fault
+            log.warning("session %s: cannot confirm epoch %d: %s", session.session_id, envelope.epoch, exc)
+            current = envelope.epoch
+        if envelope.epoch > current:
+            self.count("forged_epochs")
+            log.warning(
+                "session %s: dropped a %s claiming epoch %d; the session's latest is %d",
+                session.session_id,
+                envelope.type,
+                envelope.epoch,
+                current,
+            )
+            return False
+        session.owner_epoch = envelope.epoch
+        return True
 
     async def _end(self, session: EdgeSession, reason: Literal["caller", "agent"]) -> None:
         """The call is over: tell every connection (after what is queued for it), close, tidy up."""

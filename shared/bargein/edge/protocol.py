@@ -121,6 +121,7 @@ class ErrorCode:
     LISTENER_CANNOT_SEND: Final = "listener_cannot_send"
     SLOW_CLIENT: Final = "slow_client"
     SHUTTING_DOWN: Final = "shutting_down"
+    UNAVAILABLE: Final = "unavailable"
     AGENT_ERROR: Final = "agent_error"
 
     FATAL: Final = frozenset({INVALID_TOKEN, UNKNOWN_SESSION, SLOW_CLIENT, SHUTTING_DOWN})
@@ -142,7 +143,7 @@ class ProtocolError(Exception):
 def _json_object(text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise ProtocolError(ErrorCode.MALFORMED_JSON, "text frames must be JSON objects") from None
     if not isinstance(data, dict):
         raise ProtocolError(ErrorCode.MALFORMED_JSON, "text frames must be JSON objects")
@@ -177,12 +178,29 @@ def parse_server_frame(
 
 # --- POST /v1/sessions ----------------------------------------------------------------------------
 
+MAX_OPTION_DEPTH = 16  # agent options travel in every session start and directory entry
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
 
 class SessionRequest(_Msg):
     """The body of ``POST /v1/sessions`` (every field optional)."""
 
     agent_options: dict[str, Any] = Field(default_factory=dict)
     turn_taking: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("agent_options")
+    @classmethod
+    def _plain_enough(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _depth(value) > MAX_OPTION_DEPTH:
+            raise ValueError(f"agent_options nests deeper than {MAX_OPTION_DEPTH} levels")
+        return value
 
     @field_validator("turn_taking")
     @classmethod
@@ -200,8 +218,10 @@ class SessionRequest(_Msg):
             return cls()
         try:
             data = json.loads(raw)
-        except ValueError:
-            raise ProtocolError("bad_request", "the body must be JSON") from None
+        except (ValueError, RecursionError):
+            raise ProtocolError(
+                "bad_request", "the body must be JSON (and not nested absurdly deep)"
+            ) from None
         if not isinstance(data, dict):
             raise ProtocolError("bad_request", "the body must be a JSON object")
         try:

@@ -42,7 +42,9 @@ async def serve(
         mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
         audio_mailbox_frames=broker.audio_mailbox_frames,
     )
-    store = RedisStateStore.from_url(broker.redis_url)
+    store = RedisStateStore.from_url(
+        broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s
+    )
     edge = Edge(transport, store, edge_settings, owner=owner, max_frame_bytes=speech.max_frame_bytes)
 
     async def ready() -> list[str]:
@@ -62,6 +64,7 @@ async def serve(
         Tokens(edge_settings.edge_secret, edge_settings.token_ttl_s),
         public_url=edge_settings.public_url,
         ready=ready,
+        max_body_bytes=edge_settings.max_body_bytes,
     )
     config = uvicorn.Config(
         app,

@@ -47,7 +47,9 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         audio_mailbox_frames=broker.audio_mailbox_frames,
         name=owner,
     )
-    store = RedisStateStore.from_url(broker.redis_url)
+    store = RedisStateStore.from_url(
+        broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s
+    )
     host = SessionHost(
         transport,
         store,

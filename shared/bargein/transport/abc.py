@@ -112,6 +112,11 @@ class StateStore(ABC):
     async def load_state(self, tier: Tier, session: str) -> bytes | None: ...
 
     @abstractmethod
+    async def current_epoch(self, tier: Tier, session: str) -> int:
+        """The latest epoch handed out for ``session`` (0 if none): how the edge tells a real new
+        owner from a message that merely claims a higher epoch."""
+
+    @abstractmethod
     async def delete_state(self, tier: Tier, session: str) -> None:
         """Forget a finished session's checkpoint and epoch counter."""
 

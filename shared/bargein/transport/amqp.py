@@ -64,7 +64,9 @@ from bargein.wire.names import (
 log = logging.getLogger("bargein.transport.amqp")
 
 CONTENT_TYPE = "application/msgpack"
-DEAD_QUEUE_MAX = 100_000
+DEAD_QUEUE_MAX = 10_000  # dead letters kept, the oldest dropped first ...
+DEAD_QUEUE_MAX_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes of them
+DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its size is in a header)
 
 
 class _Consumer(Subscription):
@@ -155,11 +157,28 @@ class AmqpTransport(Transport):
         self._dead = await self._data.declare_exchange(
             DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
         )
-        dead_queue = await self._data.declare_queue(
-            DEAD_QUEUE, durable=True, arguments={"x-max-length": DEAD_QUEUE_MAX, "x-overflow": "drop-head"}
-        )
-        await dead_queue.bind(self._dead)
+        await self._declare_dead_queue()
         log.info("connected to RabbitMQ as %r; topology declared", self.name)
+
+    async def _declare_dead_queue(self) -> None:
+        """The dead-letter queue, bounded in length and bytes. One declared by an older bargein with
+        other bounds is kept as it is (RabbitMQ refuses to change a queue's arguments; an operator
+        may delete it, or set a policy), with a warning."""
+        arguments = {
+            "x-max-length": DEAD_QUEUE_MAX,
+            "x-max-length-bytes": DEAD_QUEUE_MAX_BYTES,
+            "x-overflow": "drop-head",
+        }
+        connection = self._need(self._connection)
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(DEAD_QUEUE, durable=True, arguments=arguments)
+        except aio_pika.exceptions.ChannelPreconditionFailed:
+            log.warning("%s exists with other limits than %s; keeping it as it is", DEAD_QUEUE, arguments)
+            channel = await connection.channel()
+            queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
+        await queue.bind(DEAD_EXCHANGE)
+        await channel.close()
 
     @property
     def connected(self) -> bool:
@@ -303,10 +322,12 @@ class AmqpTransport(Transport):
             "x-bargein-error": error[:1000],
             "x-bargein-queue": queue,
             "x-bargein-routing-key": message.routing_key or "",
+            "x-bargein-body-bytes": len(message.body),
         }
+        head = message.body[:DEAD_BODY_HEAD]  # enough to see what it was; a huge body is not kept
         try:
             await self._need(self._dead).publish(
-                aio_pika.Message(message.body, headers=headers, content_type=message.content_type), ""
+                aio_pika.Message(head, headers=headers, content_type=message.content_type), ""
             )
         finally:
             await message.ack()

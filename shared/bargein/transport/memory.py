@@ -340,6 +340,9 @@ class MemoryStateStore(StateStore):
             return None
         return entry[0]
 
+    async def current_epoch(self, tier: Tier, session: str) -> int:
+        return self._epochs.get((tier, session), 0)
+
     async def delete_state(self, tier: Tier, session: str) -> None:
         """The checkpoint and the epoch counter go (the next acquire starts at epoch 1 again)."""
         self._state.pop((tier, session), None)

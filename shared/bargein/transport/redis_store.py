@@ -46,6 +46,8 @@ from bargein.transport.abc import StateStore
 from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
 
 DEFAULT_EPOCH_MIN_TTL_MS: Final = 7 * 24 * 3600 * 1000
+DEFAULT_POOL_SIZE: Final = 64
+DEFAULT_TIMEOUT_S: Final = 5.0
 
 # Extend KEY's TTL to at least TTL ms; never shorten it, never give a persistent key a TTL, never
 # create the key. A TTL of 0 means "epoch counters never expire": nothing to do.
@@ -149,10 +151,28 @@ class RedisStateStore(StateStore):
 
     @classmethod
     def from_url(
-        cls, url: str, *, epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS
+        cls,
+        url: str,
+        *,
+        epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> RedisStateStore:
-        """A store with its own client for ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
-        return cls(aioredis.Redis.from_url(url, decode_responses=False), epoch_min_ttl_ms=epoch_min_ttl_ms)
+        """A store with its own client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+
+        The pool holds at most ``pool_size`` connections and a caller waits (up to ``timeout_s``)
+        for a free one instead of failing at once, as redis-py's default pool does when full; every
+        command gives up after ``timeout_s`` too, so a Redis that is down is noticed (and retried by
+        the callers) instead of hanging a lease renewal."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=False,
+        )
+        return cls(aioredis.Redis(connection_pool=pool), epoch_min_ttl_ms=epoch_min_ttl_ms)
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -200,6 +220,10 @@ class RedisStateStore(StateStore):
     async def load_state(self, tier: Tier, session: str) -> bytes | None:
         data = await self._redis.get(state_key(tier, session))
         return None if data is None else _as_bytes(data)
+
+    async def current_epoch(self, tier: Tier, session: str) -> int:
+        value = await self._redis.get(epoch_key(tier, session))
+        return 0 if value is None else int(value)
 
     async def delete_state(self, tier: Tier, session: str) -> None:
         # both keys carry the {session} hash tag: one slot, so one DEL is fine in Cluster too. The

@@ -1,0 +1,207 @@
+"""A RabbitMQ node and a Redis server of the fault tests' own, which they may stop and restart.
+
+The shared RabbitMQ and Redis of the machine (and of CI) are never touched: each private instance
+has its own node name, ports and data directory under the test's temporary folder, and is stopped
+when its context ends, whatever happened. Debian's ``rabbitmq-server`` runs the node as the
+``rabbitmq`` user when started as root, so its directories are given to that user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait(check: subprocess.Popen[bytes] | None, probe: list[str], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(probe, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
+
+
+class PrivateRabbit:
+    """``with PrivateRabbit(tmp) as rabbit:`` a node at ``rabbit.url``; ``stop_app``/``start_app``
+    pause its broker (the Erlang node keeps running, as in a RabbitMQ upgrade), ``restart`` stops
+    and starts the whole node (durable queues and exchanges survive)."""
+
+    def __init__(self, base: Path) -> None:
+        # The node runs as the rabbitmq user, who cannot reach into pytest's private temp folder:
+        # its data lives in a folder of its own under the system's temp dir (logs are linked back).
+        self.base = Path(tempfile.mkdtemp(prefix="bargein-fault-rabbitmq-"))
+        self.link = base
+        self.node = f"bargeinfault{uuid.uuid4().hex[:8]}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_CONFIG_FILE=str(self.base / "rabbitmq.conf"),
+            RABBITMQ_MNESIA_BASE=str(self.base / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.base / "log"),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(self.base / "rabbit.pid"),
+        )
+        return env
+
+    def _ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            ["rabbitmqctl", "-n", self.node, *args],
+            env=self._env(),
+            capture_output=True,
+            check=check,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        for sub in ("mnesia", "log"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        (self.base / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.base / "enabled_plugins").write_text("[].\n")
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("rabbitmq")
+            except KeyError:
+                pass
+            else:
+                for path in [self.base, *self.base.rglob("*")]:
+                    os.chown(path, user.pw_uid, user.pw_gid)
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, capture_output=True)
+        self.await_ready()
+
+    def await_ready(self) -> None:
+        probe = ["rabbitmqctl", "-n", self.node, "-q", "await_startup"]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while subprocess.run(probe, env=self._env(), capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RabbitMQ node {self.node} did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop_app(self) -> None:
+        self._ctl("stop_app")
+
+    def start_app(self) -> None:
+        self._ctl("start_app")
+        self.await_ready()
+
+    def restart(self) -> None:
+        self._ctl("stop")
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, capture_output=True)
+        self.await_ready()
+
+    def queue_lengths(self) -> dict[str, int]:
+        out = self._ctl("list_queues", "-q", "--no-table-headers", "name", "messages").stdout.decode()
+        lengths = {}
+        for line in out.splitlines():
+            name, _, count = line.rpartition("\t")
+            if name:
+                lengths[name] = int(count)
+        return lengths
+
+    def queue_bytes(self, name: str) -> int:
+        """The bytes of the messages in queue ``name``."""
+        out = self._ctl("list_queues", "-q", "--no-table-headers", "name", "message_bytes").stdout.decode()
+        for line in out.splitlines():
+            queue, _, size = line.rpartition("\t")
+            if queue == name:
+                return int(size)
+        raise KeyError(name)
+
+    def log(self) -> str:
+        logs = sorted((self.base / "log").glob("*.log"))
+        return "\n".join(p.read_text(errors="replace") for p in logs)
+
+    def stop(self) -> None:
+        self._ctl("stop", check=False)
+        with contextlib.suppress(OSError):
+            self.link.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(self.base / "log", self.link, dirs_exist_ok=True)  # keep the logs with the test's
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> PrivateRabbit:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PrivateRedis:
+    """``with PrivateRedis(tmp, aof=False) as redis:`` a server at ``redis.url``; ``restart()``
+    stops it and starts it again: empty without persistence, as it was with AOF."""
+
+    def __init__(self, base: Path, *, aof: bool = False) -> None:
+        self.base = base
+        self.port = free_port()
+        self.aof = aof
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        command = [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.base),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.aof else "no",
+            "--appendfsync",
+            "always",
+        ]
+        log = (self.base / "redis.log").open("ab")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        _wait(
+            self.proc, ["redis-cli", "-p", str(self.port), "ping"], START_TIMEOUT_S, f"Redis on {self.port}"
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> PrivateRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

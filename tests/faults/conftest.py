@@ -1,0 +1,21 @@
+"""The fault tests need RabbitMQ and Redis *programs* (they start brokers of their own to break):
+without them the tests are skipped, except under ``CI=true``, where that is a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+NEEDED = ("rabbitmq-server", "rabbitmqctl", "redis-server", "redis-cli")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def broker_programs() -> None:
+    missing = [name for name in NEEDED if shutil.which(name) is None]
+    if missing:
+        message = f"the fault tests start their own brokers and need {', '.join(missing)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}. CI=true: they must not be skipped.", pytrace=False)
+        pytest.skip(message)

@@ -1,0 +1,109 @@
+"""The whole product, as an operator runs it, on brokers of its own: the fault tests' stage.
+
+``FaultStack`` starts a private RabbitMQ node and Redis (``brokers.py``), then the services as
+processes against them (``python -m services.<name>``, product defaults unless a test says
+otherwise), and hands the test the edge's URL and the processes, to kill, pause, stop or restart.
+The agent is the integration tests' ``by_option`` (the probe agent: it echoes the caller's words,
+then ``tail`` more, one every ``word_delay`` seconds, and reports to Redis what happens inside its
+process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.faults.brokers import PrivateRabbit, PrivateRedis, free_port
+from tests.integration.cluster import Cluster, ServiceProcess
+
+WORKER_READY = "ready (up to"
+EDGE_READY = "edge ready on"
+READY_TIMEOUT_S = 30.0
+
+
+def product_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a service process: the product's defaults, the test agent, scripted LLM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BARGEIN_")}
+    env.update(
+        BARGEIN_RABBITMQ_URL=rabbitmq_url,
+        BARGEIN_REDIS_URL=redis_url,
+        BARGEIN_AGENT="tests.integration.agents:by_option",
+        BARGEIN_STATUS_INTERVAL_S="5",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class FaultStack:
+    rabbit: PrivateRabbit
+    redis: PrivateRedis
+    cluster: Cluster
+    url: str = ""  # the edge's base URL
+    edges: list[ServiceProcess] = field(default_factory=list)
+
+    def role(self, name: str) -> list[ServiceProcess]:
+        """The live processes of one service (``reasoning``, ``speech``, ``broadcast``)."""
+        return [p for p in self.cluster.processes if p.name.startswith(f"{name}-") and p.alive()]
+
+    def start(self, service: str) -> ServiceProcess:
+        ready = EDGE_READY if service == "broadcast" else WORKER_READY
+        process = self.cluster.start(f"services.{service}", ready)
+        if service == "broadcast":
+            match = re.search(r"edge ready on (http://\S+)", process.log())
+            assert match, process.log()
+            self.url = match.group(1)
+            self.edges.append(process)
+        return process
+
+    def pause(self, process: ServiceProcess) -> None:
+        process.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, process: ServiceProcess) -> None:
+        process.proc.send_signal(signal.SIGCONT)
+
+    def ready(self) -> tuple[int, dict[str, object]]:
+        response = httpx.get(f"{self.url}/readyz", timeout=5)
+        return response.status_code, response.json()
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if self.ready()[0] == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"the edge was not ready after {timeout:.0f} s:\n{self.cluster.logs()}")
+
+    def logs(self) -> str:
+        return self.cluster.logs()
+
+
+@contextlib.contextmanager
+def fault_stack(
+    base: Path, *, reasoning: int = 2, speech: int = 1, aof: bool = False, **env: str
+) -> Iterator[FaultStack]:
+    """Private brokers, then ``reasoning`` reasoning processes, ``speech`` speech processes and one
+    edge; everything is stopped at the end, whatever happened."""
+    with PrivateRabbit(base / "rabbitmq") as rabbit, PrivateRedis(base / "redis", aof=aof) as redis:
+        environment = product_env(rabbit.url, redis.url, BARGEIN_HOST="127.0.0.1", **env)
+        environment.setdefault("BARGEIN_PORT", str(free_port()))
+        with Cluster(environment, base / "logs") as cluster:
+            (base / "logs").mkdir(exist_ok=True)
+            stack = FaultStack(rabbit, redis, cluster)
+            for _ in range(reasoning):
+                stack.start("reasoning")
+            for _ in range(speech):
+                stack.start("speech")
+            stack.start("broadcast")
+            stack.wait_ready()
+            yield stack
