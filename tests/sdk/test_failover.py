@@ -24,6 +24,7 @@ from .helpers import ask, history, reply_text, take_chunks, wait_for
 
 FIRST = " ".join(f"a{i}" for i in range(30))
 SECOND = " ".join(f"b{i}" for i in range(30))
+THIRD = " ".join(f"c{i}" for i in range(30))
 handler_calls: list[str] = []
 
 
@@ -125,3 +126,18 @@ async def test_stale_owner_output_is_dropped_at_the_edge() -> None:
         await s.transport.publish(late, OUT)
         assert await s.quiet(0.1) == []
         assert s.fence.dropped["stale_epoch"] >= 1
+
+
+async def test_a_barge_in_while_nobody_owns_the_session_keeps_exactly_what_was_heard() -> None:
+    async with LocalSession(interruptible_agent(replies=(FIRST, SECOND, THIRD))) as s:
+        await ask(s, "q1")
+        heard = "".join(await take_chunks(s, 5))
+        await s.crash(adopt=False)  # the owner is dead, and nobody has adopted the session yet
+        await s.emit(UserStartedSpeaking())  # the caller talks over the answer meanwhile
+        await ask(s, "q2")
+        await s.adopt()  # the new owner has produced none of the chunks the caller heard
+        rest = await _rest_of_turn(s)
+        assert reply_text(rest) == SECOND  # the next answer, not the cut one again
+        assert history(s) == [("user", "q1"), ("assistant", heard), ("user", "q2"), ("assistant", SECOND)]
+        await ask(s, "q3")
+        assert reply_text(await _rest_of_turn(s)) == THIRD

@@ -37,6 +37,8 @@ __all__ = [
     "EndCall",
     "Event",
     "FalseInterruption",
+    "HeardRecord",
+    "HeardTurn",
     "InterruptPolicy",
     "LogMetric",
     "SessionError",
@@ -301,3 +303,22 @@ class SpeechDelivered(Event):
 
     turn: int
     seq: int
+
+
+class HeardTurn(BaseModel):
+    """One turn of a :class:`HeardRecord`: the caller got chunks up to ``seq``, whose text is ``text``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int
+    seq: int
+    text: str
+
+
+class HeardRecord(Event, control=True):
+    """The client edge's answer to a session owner's :class:`InterruptPolicy` (which every owner
+    publishes when it starts): what the caller heard of each recent turn, text included. A new owner
+    has neither its predecessor's delivery reports nor the chunks it produced; with this it cuts an
+    interrupted answer to what was really heard, and its first new turn waits for it."""
+
+    turns: list[HeardTurn] = Field(default_factory=list)

@@ -61,7 +61,9 @@ def _append_text(produced: list[Event], text: str) -> None:
 def _cut(produced: list[Event], delivered: str) -> list[Event]:
     """The part of a turn's output the caller received: text up to ``delivered``'s length, and the
     other events (tool calls...) that came before that point. Always at least one (maybe empty)
-    assistant message, so the turn stays visible in the history."""
+    assistant message, so the turn stays visible in the history. When the caller received more
+    than this process produced (another process had produced it before a hand-over), the text the
+    edge says was delivered is the rest."""
     left = len(delivered)
     out: list[Event] = []
     for event in produced:
@@ -72,6 +74,8 @@ def _cut(produced: list[Event], delivered: str) -> list[Event]:
             left -= len(event.content)
         elif left > 0 or not out:
             out.append(event)
+    if left > 0:
+        _append_text(out, delivered[len(delivered) - left :])
     if not any(isinstance(e, AgentResponse) for e in out):
         out.append(AgentResponse(content=""))
     return out

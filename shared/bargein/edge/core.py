@@ -56,11 +56,13 @@ from bargein.edge.protocol import (
     frame_json,
 )
 from bargein.edge.tokens import Role
+from bargein.errors import UnroutableError
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.settings import BroadcastSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.fence import TurnFence
+from bargein.wire.heard import HeardLog
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, edge_queue
 from bargein.wire.session_info import SessionInfo
 
@@ -184,7 +186,8 @@ class EdgeSession:
         self.completed: set[int] = set()
         self.history: collections.deque[Frame] = collections.deque(maxlen=HISTORY_FRAMES)
         self.joined_once = False
-        self.reports: dict[int, int] = {}
+        self.reports: dict[int, int] = {}  # delivered since the last report, for the report loop
+        self.heard = HeardLog()  # what every owner is told when it starts
         self.ended = False
         self.idle_since: float | None = time.monotonic()
 
@@ -232,7 +235,7 @@ class EdgeSession:
         )
 
     def delivered(self, turn: int, seq: int) -> None:
-        if seq > self.reports.get(turn, -1):
+        if self.heard.heard(turn, seq):
             self.reports[turn] = seq
 
     def take_reports(self) -> dict[int, int]:
@@ -353,8 +356,20 @@ class Edge:
             and not await self._new_owner(session, envelope)
         ):
             return
-        if isinstance(event, InterruptPolicy):
+        if isinstance(event, InterruptPolicy):  # an owner starts: tell it what the caller heard
             session.policy = set(event.events)
+            record = session.heard.record()
+            try:
+                await self._publish(session.session_id, record)
+            except UnroutableError:  # the owner's mailbox is gone already (the session ended)
+                self.count("heard_records_unroutable")
+            if record.turns:
+                log.info(
+                    "session %s: owner epoch %d started; told it what the caller heard of turns %s",
+                    session.session_id,
+                    envelope.epoch,
+                    [t.turn for t in record.turns],
+                )
         elif isinstance(event, TurnInterrupted):
             session.clear(event.turn, "the agent's turn was interrupted")
         elif isinstance(event, UserStartedSpeaking):
@@ -372,6 +387,7 @@ class Edge:
         elif isinstance(event, AgentResponse):
             if session.fence.admit(envelope):
                 session.highest_turn = max(session.highest_turn, envelope.turn)
+                session.heard.sent(envelope.turn, envelope.seq, event.content)
                 session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
             else:
                 self.count("dropped_chunks")

@@ -134,8 +134,9 @@ class Worker:
         return sum(owned.runtime.active_turns for owned in self.host.sessions.values())
 
     async def _let_turns_finish(self) -> None:
-        """Give running turns up to ``drain_timeout_s`` to end here (their sessions keep consuming,
-        so interrupts still work); whatever is still running then is resumed by the adopter."""
+        """Give the turns running now up to ``drain_timeout_s`` to end here (their sessions keep
+        consuming, so interrupts still work, and start no new turns); whatever is still running
+        then is resumed by the adopter."""
         deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
         while self.active_turns() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
@@ -145,6 +146,8 @@ class Worker:
         every lease so other workers adopt the sessions at once."""
         self.draining = True
         await self._stop_taking()
+        for owned in self.host.sessions.values():
+            owned.runtime.hold()  # new turns wait for the next owner: the drain ends with today's
         await self._let_turns_finish()
         count = len(self.host.sessions)
         await self.host.close_all()

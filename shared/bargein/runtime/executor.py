@@ -57,6 +57,7 @@ class RouteHost(Protocol):
     """What an executor and its runs need from the session that owns them."""
 
     session_id: str
+    holding: bool  # the process drains: start no new turn (it is handed over with the checkpoint)
 
     def count(self, name: str, n: int = 1) -> None: ...
 
@@ -69,6 +70,10 @@ class RouteHost(Protocol):
     async def publish_output(self, event: Event, run: TurnRun) -> None: ...
 
     async def turn_started(self, run: TurnRun) -> None: ...
+
+    async def turn_may_start(self) -> None:
+        """Wait until a new turn may start (after a hand-over, for the edge's record of what the
+        caller heard)."""
 
     async def turn_interrupted(self, run: TurnRun) -> None: ...
 
@@ -142,6 +147,7 @@ class TurnRun:
         self.clause: int | None = None  # which cutting clause (route.cutting) cut the turn off
         self.span: Span | None = None
         self.task: asyncio.Task[None] | None = None
+        self.generating = asyncio.Event()  # the run has reached its pipeline (the generator)
         self._seq = -1
 
     def ensure_turn(self) -> int:
@@ -207,6 +213,15 @@ class TurnRun:
         if self.span is not None:
             self.span.set_attribute("bargein.interrupted_by", type(message.event).__name__)
             self.span.add_event("interrupted", {"bargein.delivered_chars": len(self.delivered_text())})
+        if not self.generating.is_set():
+            # Cut off before it reached its generator (a resumed turn, just restarted): the caller
+            # is told at once, and the cancel lands in the generator, which records what was heard.
+            await self.host.turn_interrupted(self)
+            reached = asyncio.ensure_future(self.generating.wait())
+            await asyncio.wait({reached, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            reached.cancel()
+            self.task.cancel()
+            return
         self.task.cancel()
         # Let the turn's task take its CancelledError before we spend time on the notice and the
         # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
@@ -350,8 +365,13 @@ class RouteExecutor:
 
     # --- the worker ------------------------------------------------------------------------------
 
+    def nudge(self) -> None:
+        """Have the worker look at its queue again (the session started holding, say)."""
+        self._wakeup.set()
+
     async def _next(self) -> Work:
-        while not self.queue:
+        # a turn route whose session holds leaves its queue as it is, for the next owner
+        while not self.queue or (self.turns and self.host.holding and self.queue[0].kind == "trigger"):
             self._wakeup.clear()
             await self._wakeup.wait()
         return self.queue.popleft()
@@ -393,13 +413,13 @@ class RouteExecutor:
         return bool(matched)
 
     async def _run_turn(self, work: Work) -> None:
-        # the barrier: what the events before this trigger do to the nodes happens first
-        while not work.dropped and not self.host.earlier_work_done(work.index):
-            await self.host.wait_for_progress()
-        if work.dropped:
-            return
-        if work.turn is None and not await self._matches(work.message):
-            return  # (a resumed turn passed its filter with its first owner)
+        if work.turn is None:  # a new turn (a resumed one passed all this with its first owner)
+            await self.host.turn_may_start()
+            # the barrier: what the events before this trigger do to the nodes happens first
+            while not work.dropped and not self.host.earlier_work_done(work.index):
+                await self.host.wait_for_progress()
+            if work.dropped or not await self._matches(work.message):
+                return
         run = TurnRun(self.host, work.message, self.route.bridge, index=work.index, turn=work.turn)
         self.active = run
         try:
@@ -417,6 +437,7 @@ class RouteExecutor:
 
     async def _turn_body(self, run: TurnRun) -> None:
         await self.host.turn_started(run)
+        run.generating.set()
         await self._execute(run.trigger, run)
 
     async def _run_handler(self, handler: Callback | None, message: Message, kind: str) -> None:

@@ -2,7 +2,9 @@
 
 The owner records the text of every chunk it publishes by (turn, seq); the edge reports the highest
 seq of each turn that reached (or was played to) the caller. An interrupted answer is cut to exactly
-the reported chunks, and corrected again when a report arrives after the cancel.
+the reported chunks, and corrected again when a report arrives after the cancel. When a session
+changes owner, the edge hands the new one its record, text included, because the new owner has not
+produced the chunks its predecessor did (``heard``).
 """
 
 from __future__ import annotations
@@ -21,20 +23,26 @@ class DeliveryLedger:
         self.edge_reports = edge_reports
         self._chunks: dict[int, dict[int, str]] = collections.defaultdict(dict)
         self._delivered_upto: dict[int, int] = {}
+        self._heard: dict[int, str] = {}  # the edge's own text of what it delivered, when it sent it
 
     def published(self, turn: int, seq: int, text: str) -> None:
         self._chunks[turn][seq] = text
 
-    def delivered(self, turn: int, seq: int) -> None:
+    def delivered(self, turn: int, seq: int, text: str | None = None) -> None:
         self._delivered_upto[turn] = max(seq, self._delivered_upto.get(turn, -1))
+        if text is not None and len(text) > len(self._heard.get(turn, "")):
+            self._heard[turn] = text
 
     def delivered_text(self, turn: int) -> str:
         chunks = self._chunks.get(turn, {})
         upto = self._delivered_upto.get(turn, -1) if self.edge_reports else max(chunks, default=-1)
-        return "".join(text for seq, text in sorted(chunks.items()) if seq <= upto)
+        ours = "".join(text for seq, text in sorted(chunks.items()) if seq <= upto)
+        heard = self._heard.get(turn, "")
+        return heard if len(heard) > len(ours) else ours
 
     def finished(self, turn: int) -> None:
         """``turn`` is over: forget turns too old for a report to still matter."""
         for old in [t for t in self._chunks if t < turn - RECENT_TURNS]:
             self._chunks.pop(old, None)
             self._delivered_upto.pop(old, None)
+            self._heard.pop(old, None)

@@ -36,6 +36,7 @@ from bargein.agent.events import (
     AgentResponse,
     EndCall,
     Event,
+    HeardRecord,
     InterruptPolicy,
     SpeechDelivered,
     TurnInterrupted,
@@ -43,7 +44,7 @@ from bargein.agent.events import (
 from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
-from bargein.errors import StaleEpochError
+from bargein.errors import StaleEpochError, UnroutableError
 from bargein.runtime import snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
@@ -56,6 +57,8 @@ from bargein.wire.session_info import SessionInfo
 log = logging.getLogger("bargein.runtime")
 
 T = TypeVar("T")
+
+HANDOVER_RECORD_WAIT_S = 1.0  # after a change of owner, how long a new turn waits for the edge's record
 
 
 class SessionRuntime(SessionProcessor):
@@ -90,6 +93,7 @@ class SessionRuntime(SessionProcessor):
         self.next_index = 0  # dispatch order, across the session's owners (checkpointed)
         self.initial_message_sent = False
         self.fenced = False  # another owner took the session over: write nothing more
+        self.holding = False  # draining: no new turns start here (they are handed over)
         self.closed = False
         self.last_activity = time.monotonic()
         self._dirty = False
@@ -99,6 +103,7 @@ class SessionRuntime(SessionProcessor):
         self._listeners: dict[type[Event], bool] = {}
         self._inline: list[RouteExecutor] = []  # executors of routes that do not run as turns
         self._progress = asyncio.Event()
+        self._record_arrived = asyncio.Event()  # the edge said what the caller heard (HeardRecord)
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatcher: asyncio.Task[None] | None = None
 
@@ -107,7 +112,7 @@ class SessionRuntime(SessionProcessor):
     async def start(self) -> None:
         self.agent_session = await launch_agent(self.agent, self.session)
         self._name_nodes()
-        await self._restore()
+        restored = await self._restore()
         for b, bridge in enumerate(self.bridges):
             for r, route in enumerate(bridge.routes):
                 executor = RouteExecutor(route, self, f"{b}.{r}")
@@ -121,10 +126,7 @@ class SessionRuntime(SessionProcessor):
         for node in self.nodes:
             await self.guard(node.start(), "node start")
         await self.guard(self.agent_session.running(self.greet), "agent start")
-        policy = InterruptPolicy(events=sorted(self.unconditional_interrupts()))
-        await self.guard(
-            self.transport.publish(Envelope.wrap(self.session_id, policy, epoch=self.epoch), OUT), "policy"
-        )
+        await self._announce(restored=restored)
         log.info("session %s running (epoch %d, %d bridges)", self.session_id, self.epoch, len(self.bridges))
 
     async def close(self, *, checkpoint: bool = True) -> None:
@@ -150,6 +152,43 @@ class SessionRuntime(SessionProcessor):
             await executor.close()
         for node in self.nodes:
             await self.guard(node.cleanup(), "node cleanup")
+
+    def hold(self) -> None:
+        self.holding = True
+        for executor in self.executors:
+            executor.nudge()
+
+    async def _announce(self, *, restored: bool) -> None:
+        """Tell the edge the events that always interrupt (``InterruptPolicy``); it answers with what
+        the caller heard (``HeardRecord``). A new owner's first new turn waits for that answer,
+        briefly: it must see the answer the caller heard from the previous owner. With no edge
+        listening (the policy reaches no queue) there is nothing to wait for."""
+        policy = InterruptPolicy(events=sorted(self.unconditional_interrupts()))
+        try:
+            await self.transport.publish(Envelope.wrap(self.session_id, policy, epoch=self.epoch), OUT)
+        except UnroutableError:
+            self._record_arrived.set()  # no edge: nobody heard anything we do not know
+        except Exception:
+            self._record_arrived.set()
+            self.count("policy_errors")
+            log.exception("session %s: publishing the interrupt policy failed", self.session_id)
+        else:
+            if not restored:  # a new session: nothing was heard before us
+                self._record_arrived.set()
+
+    async def turn_may_start(self) -> None:
+        """Wait (at most ``HANDOVER_RECORD_WAIT_S``, once) for the edge's record after a hand-over."""
+        if self._record_arrived.is_set():
+            return
+        try:
+            async with asyncio.timeout(HANDOVER_RECORD_WAIT_S):
+                await self._record_arrived.wait()
+        except TimeoutError:
+            self.count("heard_record_timeouts")
+            log.warning(
+                "session %s: no word from the edge on what the caller heard; going on", self.session_id
+            )
+        self._record_arrived.set()
 
     @property
     def bridges(self) -> list[Bridge]:
@@ -191,7 +230,7 @@ class SessionRuntime(SessionProcessor):
         """Transport handler: returns once the event has been dispatched (not once routes are done
         with it), so the next event, an interrupt above all, is never held up by a route's work."""
         message = message_of(envelope, event)
-        if isinstance(event, SpeechDelivered):
+        if isinstance(event, SpeechDelivered | HeardRecord):
             if self._on_delivery_report(event):
                 await self.checkpoint()  # an interrupted answer was corrected: keep it that way
             return
@@ -204,13 +243,21 @@ class SessionRuntime(SessionProcessor):
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 
-    def _on_delivery_report(self, report: SpeechDelivered) -> bool:
+    def _on_delivery_report(self, report: SpeechDelivered | HeardRecord) -> bool:
         """Record how far the caller got; True if that corrected an interrupted answer."""
-        self.ledger.delivered(report.turn, report.seq)
+        if isinstance(report, HeardRecord):  # the edge's answer to our start: the whole record
+            for heard in report.turns:
+                self.ledger.delivered(heard.turn, heard.seq, heard.text)
+            turns = [heard.turn for heard in report.turns]
+            self._record_arrived.set()
+        else:
+            self.ledger.delivered(report.turn, report.seq)
+            turns = [report.turn]
         amended = False
         for node in self.nodes:
             if isinstance(node, ReasoningNode):
-                amended |= node.amend_interrupted_turn(report.turn, self.ledger.delivered_text(report.turn))
+                for turn in turns:
+                    amended |= node.amend_interrupted_turn(turn, self.ledger.delivered_text(turn))
         return amended
 
     async def _dispatch_loop(self) -> None:
@@ -390,10 +437,11 @@ class SessionRuntime(SessionProcessor):
         if self._dirty:
             await self.checkpoint()
 
-    async def _restore(self) -> None:
+    async def _restore(self) -> bool:
+        """Load the checkpoint, if there is one (then this is a change of owner): True if so."""
         data = await self.store.load_state(self.tier, self.session_id)
         if data is None:
-            return
+            return False
         state = snapshot.loads(data)
         self.last_turn = int(state.get("last_turn", 0))
         self.next_index = int(state.get("next_index", 0))
@@ -407,6 +455,7 @@ class SessionRuntime(SessionProcessor):
             snapshot.restore(node, attrs)
         self._restored_routes = dict(state.get("routes", {}))
         log.info("session %s restored at turn %d", self.session_id, self.last_turn)
+        return True
 
     # --- errors and counters ---------------------------------------------------------------------
 

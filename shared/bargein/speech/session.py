@@ -157,6 +157,10 @@ class SpeechSession(SessionProcessor):
             c["published"],
         )
 
+    def hold(self) -> None:
+        """Speech detection has no turns of its own to hold: it listens until the session is closed
+        (the drain waits for a burst in progress to end, ``active_turns``)."""
+
     @property
     def active_turns(self) -> int:
         """1 while the user holds the floor (between UserStartedSpeaking and the burst's end)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -20,14 +21,17 @@ from bargein.agent.events import (
     AgentResponse,
     EndCall,
     Event,
+    HeardRecord,
     InterruptPolicy,
     SpeechDelivered,
     TurnInterrupted,
 )
 from bargein.agent.message import Source
+from bargein.errors import UnroutableError
 from bargein.transport.abc import Subscription, Transport
 from bargein.wire.envelope import Envelope
 from bargein.wire.fence import TurnFence
+from bargein.wire.heard import HeardLog
 from bargein.wire.names import IN, OUT, TIER_EDGE
 
 E = TypeVar("E", bound=Event)
@@ -47,6 +51,7 @@ class Caller:
         self.report_delivery = report_delivery
         self._settle = settle
         self.fence = TurnFence()
+        self.heard = HeardLog()  # handed to every owner as it starts, as the broadcast service does
         self.interrupted_turns: list[int] = []
         self.policy: set[str] = set()  # what the owner says always interrupts (InterruptPolicy)
         self.ended = False
@@ -80,8 +85,11 @@ class Caller:
     # --- the edge --------------------------------------------------------------------------------
 
     async def _on_output(self, envelope: Envelope, event: Event) -> None:
-        if isinstance(event, InterruptPolicy):
+        if isinstance(event, InterruptPolicy):  # an owner starts: tell it what the caller heard
             self.policy = set(event.events)
+            if self.report_delivery:
+                with contextlib.suppress(UnroutableError):  # the owner is gone already
+                    await self._report(self.heard.record())
             return
         if isinstance(event, TurnInterrupted):
             if self.fence.interrupt(event.turn):
@@ -109,9 +117,10 @@ class Caller:
                 await self._arrived.wait()
         envelope, event = self._buffer.popleft()
         self.received.append((envelope, event))
-        if self.report_delivery and isinstance(event, AgentResponse):
-            report = SpeechDelivered(turn=envelope.turn, seq=envelope.seq)
-            await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)
+        if isinstance(event, AgentResponse):
+            self.heard.sent(envelope.turn, envelope.seq, event.content)
+            if self.report_delivery and self.heard.heard(envelope.turn, envelope.seq):
+                await self._report(SpeechDelivered(turn=envelope.turn, seq=envelope.seq))
         if isinstance(event, EndCall) and envelope.source not in Source.CALLER_SIDE:
             # the agent hung up and everything before it was handed out: end the session, as the
             # broadcast edge does, so its owners let it go
@@ -119,6 +128,9 @@ class Caller:
             await self.transport.publish(Envelope.wrap(self.session_id, hangup, source=Source.EDGE), IN)
             self.ended = True
         return envelope, event
+
+    async def _report(self, report: SpeechDelivered | HeardRecord) -> None:
+        await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)
 
     async def next(self, timeout: float = 5.0) -> Event:
         """The next event the agent broadcast that a client would receive."""

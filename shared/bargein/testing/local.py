@@ -102,10 +102,16 @@ class LocalSession(Caller):
             await self.host.close_all()
         await self._start_host()
 
-    async def crash(self) -> None:
+    async def crash(self, *, adopt: bool = True) -> None:
         """The owner dies without a word (no checkpoint, no release); once its lease has run out a
-        fresh owner adopts the session from the last checkpoint."""
+        fresh owner adopts the session from the last checkpoint. With ``adopt=False`` nobody owns
+        the session until :meth:`adopt`: what is emitted meanwhile waits in its mailbox."""
         if self.host is not None:
             await self.host.abandon_all()
         self.store.expire_lease(TIER_REASONING, self.session_id)
+        if adopt:
+            await self.adopt()
+
+    async def adopt(self) -> None:
+        """A fresh owner takes the session over (after :meth:`crash` with ``adopt=False``)."""
         await self._start_host()

@@ -162,6 +162,11 @@ class SessionProcessor(ABC):
     @abstractmethod
     async def close(self, *, checkpoint: bool = True) -> None: ...
 
+    @abstractmethod
+    def hold(self) -> None:
+        """Start no new turns (the process is draining): what runs may finish, the rest waits to be
+        handed over with the checkpoint. Interrupts keep working."""
+
     @property
     @abstractmethod
     def active_turns(self) -> int:
