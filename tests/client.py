@@ -38,7 +38,9 @@ async def connect(
 
 
 async def recv(ws: ClientConnection, timeout: float = T) -> Frame:
+    """The next frame, with ``_received`` (``time.monotonic()`` when it was read) added."""
     frame: Frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    frame["_received"] = time.monotonic()
     return frame
 
 

@@ -73,6 +73,9 @@ class BrokerSettings(_Base):
         default=5.0, gt=0, le=60, description="How long a Redis command or a wait for a connection may take."
     )
     lease_ttl_ms: int = Field(default=5_000, ge=500, le=600_000, description="Session lease lifetime.")
+    liveness_ttl_ms: int = Field(
+        default=1_000, ge=200, le=60_000, description="A worker that stops its heartbeat this long is dead."
+    )
     state_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long idle session state is kept.")
     mailbox_expiry_s: int = Field(default=3600, ge=10, description="An unused mailbox is deleted after this.")
     max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")

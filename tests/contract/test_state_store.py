@@ -144,3 +144,26 @@ async def test_the_directory_names_live_sessions_and_orphans_are_those_nobody_ho
     await store.unregister_session(DIRECTORY_TIER, free)
     assert await store.session_info(DIRECTORY_TIER, free) is None
     assert set(mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))) == {lapsing}
+
+
+async def test_a_worker_whose_heartbeat_stops_is_dead_and_its_sessions_can_be_taken_over(
+    store: StateStore, session: Session
+) -> None:
+    a, b = session("worker-a"), session("worker-b")  # unique names, like sessions'
+    heartbeat = store.keep_alive(DIRECTORY_TIER, a, SHORT_MS)
+    s = session("theirs")
+    assert await store.acquire_lease(DIRECTORY_TIER, s, a, LONG_MS) == 1
+    await store.note_owned(DIRECTORY_TIER, a, s, True)
+    await asyncio.sleep(LAPSE_S)
+    assert a not in await store.dead_workers(DIRECTORY_TIER)  # the heartbeat kept it alive
+    heartbeat.stop()
+    await asyncio.sleep(LAPSE_S)
+    assert a in await store.dead_workers(DIRECTORY_TIER)
+    assert await store.owned_sessions(DIRECTORY_TIER, a) == [s]
+    assert await store.acquire_lease(DIRECTORY_TIER, s, b, LONG_MS) is None  # its lease still runs
+    assert await store.acquire_lease(DIRECTORY_TIER, s, b, LONG_MS, replacing=session("other")) is None
+    assert await store.acquire_lease(DIRECTORY_TIER, s, b, LONG_MS, replacing=a) == 2  # taken over
+    await store.note_owned(DIRECTORY_TIER, a, s, False)
+    assert await store.owned_sessions(DIRECTORY_TIER, a) == []
+    await store.forget_worker(DIRECTORY_TIER, a)
+    assert a not in await store.dead_workers(DIRECTORY_TIER)

@@ -152,6 +152,40 @@ async def test_what_the_caller_heard_survives_a_kill_and_a_barge_in_while_the_ow
         assert text_of(log, turn=done["turn"]) == DEFAULT_REPLIES[2]
 
 
+async def test_a_killed_owners_answers_resume_within_two_seconds_whole(
+    stack: FaultStack, redis: aioredis.Redis
+) -> None:
+    sessions = [await create_session(stack.url) for _ in range(6)]
+    async with contextlib_all(sessions) as sockets:
+        frames: list[list[Frame]] = [[] for _ in sessions]
+        for ws in sockets:
+            await say(ws, "hello")
+        for ws, log in zip(sockets, frames, strict=True):
+            await take_chunks(ws, 3, log)
+        victim = await owner_of(redis, stack, sessions[0]["session_id"])
+        owners = [await owner_of(redis, stack, s["session_id"]) for s in sessions]
+        victim.kill()
+        killed_at = time.monotonic()
+        before = [len(log) for log in frames]
+        # read every socket at once: a frame's _received is when it was read, not when it arrived
+        await asyncio.gather(
+            *(until(ws, "turn_complete", log, T) for ws, log in zip(sockets, frames, strict=True))
+        )
+        resumed_after: list[float] = []
+        for log, start, owner in zip(frames, before, owners, strict=True):
+            if owner.pid == victim.pid:
+                new = [f for f in log[start:] if f["type"] == "agent_chunk"]
+                assert new, "nothing arrived after the kill"
+                resumed_after.append(new[0]["_received"] - killed_at)
+        for log in frames:
+            seqs = [f["seq"] for f in log if f["type"] == "agent_chunk"]
+            assert seqs == list(range(len(seqs)))  # nothing repeated, nothing missing
+            assert text_of(log) == DEFAULT_REPLIES[0]
+        assert resumed_after and max(resumed_after) <= 2.0, resumed_after
+        for session in sessions:  # all of them now live in the survivor
+            assert (await owner_of(redis, stack, session["session_id"])).pid != victim.pid
+
+
 class contextlib_all:
     """Connect to every session at once, as callers; close them all at the end."""
 

@@ -9,6 +9,7 @@ take) the session, so this one stops working it at once without writing anything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -115,13 +116,20 @@ class SessionHost:
     def for_agent(cls, transport: Transport, store: StateStore, agent: Agent, **kwargs: Any) -> SessionHost:
         return cls(transport, store, agent_sessions(agent), **kwargs)
 
-    async def open(self, info: SessionInfo) -> SessionProcessor:
+    async def open(self, info: SessionInfo, *, replacing: str | None = None) -> SessionProcessor:
+        """Take the session: its lease (from ``replacing``, a dead worker, if given), its checkpoint,
+        its mailbox. :class:`SessionTaken` if another process holds it."""
         sid = info.session_id
         if sid in self.sessions:
             return self.sessions[sid].runtime
-        epoch = await self.store.acquire_lease(self.tier, sid, self.owner, self.lease_ttl_ms)
+        epoch = await self.store.acquire_lease(
+            self.tier, sid, self.owner, self.lease_ttl_ms, replacing=replacing
+        )
         if epoch is None:
             raise SessionTaken(f"session {sid} is owned by another process")
+        await self.store.note_owned(self.tier, self.owner, sid, True)
+        if replacing is not None:
+            await self.store.note_owned(self.tier, replacing, sid, False)
         runtime = self.factory(
             Ownership(
                 info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
@@ -165,6 +173,8 @@ class SessionHost:
         await owned.runtime.close(checkpoint=checkpoint)
         if release:
             await self.store.release_lease(self.tier, session_id, self.owner, owned.runtime.epoch)
+        with contextlib.suppress(Exception):  # a record left behind only costs a later look
+            await self.store.note_owned(self.tier, self.owner, session_id, False)
         log.info("session %s closed here (released=%s)", session_id, release)
 
     async def abandon(self, session_id: str) -> None:

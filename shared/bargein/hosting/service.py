@@ -66,6 +66,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         adopt_interval_s=broker.adopt_interval_s,
         status_interval_s=broker.status_interval_s,
         drain_timeout_s=broker.drain_timeout_s,
+        liveness_ttl_ms=broker.liveness_ttl_ms,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ import logging
 
 from bargein.errors import EnvelopeError
 from bargein.hosting.host import SessionHost, SessionTaken
-from bargein.transport.abc import Subscription
+from bargein.transport.abc import Heartbeat, Subscription
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.hosting.worker")
@@ -30,8 +30,10 @@ class Worker:
         adopt_interval_s: float = 1.0,
         status_interval_s: float = 1.0,
         drain_timeout_s: float = 10.0,
+        liveness_ttl_ms: int = 1000,
     ) -> None:
         self.host = host
+        self.liveness_ttl_ms = liveness_ttl_ms
         self.max_sessions = max_sessions
         self.adopt_interval_s = adopt_interval_s
         self.status_interval_s = status_interval_s
@@ -41,6 +43,7 @@ class Worker:
         self.started = 0
         self._starts: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._heartbeat: Heartbeat | None = None
 
     @property
     def room(self) -> int:
@@ -48,9 +51,11 @@ class Worker:
 
     async def start(self) -> None:
         tier = self.host.tier
+        self._heartbeat = self.host.store.keep_alive(tier, self.host.owner, self.liveness_ttl_ms)
         self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
         self._tasks = [
             asyncio.create_task(self._adopt_loop(), name=f"adopt:{tier}"),
+            asyncio.create_task(self._watch_loop(), name=f"watch:{tier}"),
             asyncio.create_task(self._status_loop(), name=f"status:{tier}"),
         ]
         log.info("%s worker %s ready (up to %d sessions)", tier, self.host.owner, self.max_sessions)
@@ -91,6 +96,46 @@ class Worker:
         self.adopted += taken
         return taken
 
+    async def take_over_dead_workers(self) -> int:
+        """Take the sessions of workers whose heartbeat stopped, without waiting for each session's
+        lease to run out (a killed worker's sessions resume within about the liveness TTL)."""
+        tier, store, taken = self.host.tier, self.host.store, 0
+        for dead in await store.dead_workers(tier):
+            if dead == self.host.owner:
+                continue
+            for session_id in await store.owned_sessions(tier, dead):
+                if self.room <= 0:
+                    return taken
+                raw = await store.session_info(tier, session_id)
+                if raw is None:  # the session ended meanwhile
+                    await store.note_owned(tier, dead, session_id, False)
+                    continue
+                try:
+                    await self.host.open(SessionInfo.decode(raw), replacing=dead)
+                except SessionTaken:  # another worker was quicker (or the session lives elsewhere)
+                    await store.note_owned(tier, dead, session_id, False)
+                    continue
+                except EnvelopeError as exc:
+                    log.warning("dropping unreadable directory entry %s: %s", session_id, exc)
+                    await store.unregister_session(tier, session_id)
+                    continue
+                taken += 1
+                log.info("took over session %s from %s, which stopped answering", session_id, dead)
+            if not await store.owned_sessions(tier, dead):
+                await store.forget_worker(tier, dead)
+                log.info("%s worker %s is gone; its sessions live elsewhere now", tier, dead)
+        self.adopted += taken
+        return taken
+
+    async def _watch_loop(self) -> None:
+        interval = self.liveness_ttl_ms / 4000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.take_over_dead_workers()
+            except Exception:
+                log.exception("looking for dead workers failed; will retry")
+
     async def _adopt_loop(self) -> None:
         while True:
             await asyncio.sleep(self.adopt_interval_s)
@@ -128,6 +173,8 @@ class Worker:
         """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
         self.draining = True
         await self._stop_taking()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         await self.host.abandon_all()
 
     def active_turns(self) -> int:
@@ -151,4 +198,7 @@ class Worker:
         await self._let_turns_finish()
         count = len(self.host.sessions)
         await self.host.close_all()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        await self.host.store.forget_worker(self.host.tier, self.host.owner)
         log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)

@@ -85,6 +85,13 @@ class Transport(ABC):
     async def close(self) -> None: ...
 
 
+class Heartbeat(ABC):
+    """A worker's liveness, kept up until :meth:`stop` (or until the process dies or is paused)."""
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+
 class StateStore(ABC):
     """Leases with fencing epochs, and the session's checkpoint.
 
@@ -94,8 +101,11 @@ class StateStore(ABC):
     """
 
     @abstractmethod
-    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
-        """Take the lease if it is free or lapsed; return the new epoch, or None if another holds it."""
+    async def acquire_lease(
+        self, tier: Tier, session: str, owner: str, ttl_ms: int, *, replacing: str | None = None
+    ) -> int | None:
+        """Take the lease if it is free or lapsed (or, with ``replacing``, held by that worker, which
+        is dead); return the new epoch, or None if another holds it."""
 
     @abstractmethod
     async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
@@ -136,6 +146,30 @@ class StateStore(ABC):
     @abstractmethod
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption."""
+
+    # --- worker liveness: a dead worker's sessions are taken over without waiting for each lease ---
+
+    @abstractmethod
+    def keep_alive(self, tier: Tier, owner: str, ttl_ms: int) -> Heartbeat:
+        """Say, until stopped, that ``owner`` is alive; it reads as dead within ``ttl_ms`` of
+        stopping (or of the process dying or being paused). It must not depend on the event loop
+        being free: a busy worker is alive."""
+
+    @abstractmethod
+    async def dead_workers(self, tier: Tier) -> list[str]:
+        """Workers of ``tier`` that started a heartbeat and whose heartbeat has lapsed."""
+
+    @abstractmethod
+    async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:
+        """Record that ``owner`` took (or let go of) ``session``."""
+
+    @abstractmethod
+    async def owned_sessions(self, tier: Tier, owner: str) -> list[str]:
+        """The sessions ``owner`` recorded as its own."""
+
+    @abstractmethod
+    async def forget_worker(self, tier: Tier, owner: str) -> None:
+        """``owner`` is gone for good (drained, or its sessions taken over): drop its records."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -21,7 +21,15 @@ import time
 from dataclasses import dataclass, field
 
 from bargein.errors import EnvelopeError, InvalidSessionId, StaleEpochError, UnroutableError
-from bargein.transport.abc import EdgeQueue, Handler, StartHandler, StateStore, Subscription, Transport
+from bargein.transport.abc import (
+    EdgeQueue,
+    Handler,
+    Heartbeat,
+    StartHandler,
+    StateStore,
+    Subscription,
+    Transport,
+)
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
     EVENTS_EXCHANGE,
@@ -293,6 +301,15 @@ class MemoryTransport(Transport):
             await _MemorySubscription(box).cancel()
 
 
+class _MemoryHeartbeat(Heartbeat):
+    def __init__(self, alive: set[tuple[str, str]], key: tuple[str, str]) -> None:
+        self._alive = alive
+        self._key = key
+
+    def stop(self) -> None:
+        self._alive.discard(self._key)
+
+
 @dataclass
 class _Lease:
     owner: str
@@ -306,12 +323,17 @@ class MemoryStateStore(StateStore):
         self._epochs: collections.Counter[tuple[str, str]] = collections.Counter()
         self._state: dict[tuple[str, str], tuple[bytes, float]] = {}
         self._directory: dict[str, dict[str, bytes]] = collections.defaultdict(dict)
+        self._workers: dict[str, set[str]] = {}
+        self._alive: set[tuple[str, str]] = set()  # in one process a heartbeat lasts until stopped
+        self._owned: dict[tuple[str, str], set[str]] = {}
 
-    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+    async def acquire_lease(
+        self, tier: Tier, session: str, owner: str, ttl_ms: int, *, replacing: str | None = None
+    ) -> int | None:
         key = (tier, session)
         now = time.monotonic()
         lease = self._leases.get(key)
-        if lease is not None and lease.expires > now:
+        if lease is not None and lease.expires > now and (replacing is None or lease.owner != replacing):
             return None
         self._epochs[key] += 1
         self._leases[key] = _Lease(owner, self._epochs[key], now + ttl_ms / 1000)
@@ -367,6 +389,29 @@ class MemoryStateStore(StateStore):
             if lease is None or lease.expires <= now:
                 out.append((session, info))
         return out
+
+    def keep_alive(self, tier: Tier, owner: str, ttl_ms: int) -> Heartbeat:
+        self._workers.setdefault(tier, set()).add(owner)
+        self._alive.add((tier, owner))
+        return _MemoryHeartbeat(self._alive, (tier, owner))
+
+    async def dead_workers(self, tier: Tier) -> list[str]:
+        return sorted(o for o in self._workers.get(tier, set()) if (tier, o) not in self._alive)
+
+    async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:
+        sessions = self._owned.setdefault((tier, owner), set())
+        if owned:
+            sessions.add(session)
+        else:
+            sessions.discard(session)
+
+    async def owned_sessions(self, tier: Tier, owner: str) -> list[str]:
+        return sorted(self._owned.get((tier, owner), set()))
+
+    async def forget_worker(self, tier: Tier, owner: str) -> None:
+        self._workers.get(tier, set()).discard(owner)
+        self._alive.discard((tier, owner))
+        self._owned.pop((tier, owner), None)
 
     def expire_lease(self, tier: Tier, session: str) -> None:
         """Test hook: the owner died and its lease ran out."""

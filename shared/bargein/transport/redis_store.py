@@ -37,13 +37,29 @@ callers (the session host's lease and adoption loops) retry.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
 from typing import Final
 
+import redis
 import redis.asyncio as aioredis
 
 from bargein.errors import StaleEpochError
-from bargein.transport.abc import StateStore
-from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
+from bargein.transport.abc import Heartbeat, StateStore
+from bargein.wire.names import (
+    Tier,
+    epoch_key,
+    lease_key,
+    owned_key,
+    session_directory_key,
+    state_key,
+    worker_alive_key,
+    workers_key,
+)
+
+log = logging.getLogger("bargein.transport.redis")
 
 DEFAULT_EPOCH_MIN_TTL_MS: Final = 7 * 24 * 3600 * 1000
 DEFAULT_POOL_SIZE: Final = 64
@@ -62,13 +78,17 @@ local function extend(key, ttl)
 end
 """
 
-# KEYS: lease, epoch. ARGV: owner, lease ttl ms, epoch ttl ms (0: none).
-# Returns the new epoch, or nil when the lease is held.
+# KEYS: lease, epoch. ARGV: owner, lease ttl ms, epoch ttl ms (0: none), the dead owner whose lease
+# may be taken ('' for none). Returns the new epoch, or nil when the lease is held.
 _ACQUIRE = (
     _EXTEND
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return false
+local held = redis.call('GET', KEYS[1])
+if held then
+  local dead = ARGV[4] .. ':'
+  if ARGV[4] == '' or string.sub(held, 1, string.len(dead)) ~= dead then
+    return false
+  end
 end
 local epoch = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
@@ -136,18 +156,25 @@ class RedisStateStore(StateStore):
     """
 
     def __init__(
-        self, redis: aioredis.Redis, *, epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS
+        self,
+        client: aioredis.Redis,
+        *,
+        epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS,
+        url: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("RedisStateStore needs a client with decode_responses=False (state is binary)")
         if epoch_min_ttl_ms is not None and epoch_min_ttl_ms <= 0:
             raise ValueError(f"epoch_min_ttl_ms must be positive or None, got {epoch_min_ttl_ms}")
-        self._redis = redis
+        self._redis = client
+        self._url = url  # for the heartbeat thread's own client
+        self._timeout_s = timeout_s
         self._epoch_min_ttl_ms = epoch_min_ttl_ms
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
-        self._save = redis.register_script(_SAVE)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._save = client.register_script(_SAVE)
 
     @classmethod
     def from_url(
@@ -172,7 +199,12 @@ class RedisStateStore(StateStore):
             socket_connect_timeout=timeout_s,
             decode_responses=False,
         )
-        return cls(aioredis.Redis(connection_pool=pool), epoch_min_ttl_ms=epoch_min_ttl_ms)
+        return cls(
+            aioredis.Redis(connection_pool=pool),
+            epoch_min_ttl_ms=epoch_min_ttl_ms,
+            url=url,
+            timeout_s=timeout_s,
+        )
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -187,11 +219,13 @@ class RedisStateStore(StateStore):
 
     # --- leases -----------------------------------------------------------------------------------
 
-    async def acquire_lease(self, tier: Tier, session: str, owner: str, ttl_ms: int) -> int | None:
+    async def acquire_lease(
+        self, tier: Tier, session: str, owner: str, ttl_ms: int, *, replacing: str | None = None
+    ) -> int | None:
         _check_ttl(ttl_ms)
         epoch = await self._acquire(
             keys=[lease_key(tier, session), epoch_key(tier, session)],
-            args=[owner, ttl_ms, self._epoch_ttl(ttl_ms)],
+            args=[owner, ttl_ms, self._epoch_ttl(ttl_ms), replacing or ""],
         )
         return None if epoch is None else int(epoch)
 
@@ -277,8 +311,79 @@ class RedisStateStore(StateStore):
             if cursor == 0:
                 return out
 
+    # --- worker liveness ------------------------------------------------------------------------
+
+    def keep_alive(self, tier: Tier, owner: str, ttl_ms: int) -> Heartbeat:
+        if self._url is None:
+            raise ValueError("keep_alive needs a store made with RedisStateStore.from_url")
+        return _ThreadHeartbeat(self._url, tier, owner, ttl_ms, self._timeout_s)
+
+    async def dead_workers(self, tier: Tier) -> list[str]:
+        owners = [_as_bytes(o).decode() for o in await self._redis.hkeys(workers_key(tier))]
+        if not owners:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for owner in owners:
+                pipe.exists(worker_alive_key(tier, owner))
+            alive = await pipe.execute()
+        return sorted(owner for owner, up in zip(owners, alive, strict=True) if not up)
+
+    async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:
+        if owned:
+            await self._redis.sadd(owned_key(tier, owner), session)
+        else:
+            await self._redis.srem(owned_key(tier, owner), session)
+
+    async def owned_sessions(self, tier: Tier, owner: str) -> list[str]:
+        return sorted(_as_bytes(s).decode() for s in await self._redis.smembers(owned_key(tier, owner)))
+
+    async def forget_worker(self, tier: Tier, owner: str) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(workers_key(tier), owner)
+            pipe.delete(owned_key(tier, owner), worker_alive_key(tier, owner))
+            await pipe.execute()
+
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+class _ThreadHeartbeat(Heartbeat):
+    """Refreshes a worker's alive key from a thread of its own, with a client of its own: a worker
+    whose event loop is busy (or stalled by a long collection) is still alive; a killed or paused
+    one is not, within the TTL."""
+
+    def __init__(self, url: str, tier: Tier, owner: str, ttl_ms: int, timeout_s: float) -> None:
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._tier, self._owner, self._ttl_ms = tier, owner, ttl_ms
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat:{owner}", daemon=True)
+        self._beat()  # alive before anyone could look
+        self._thread.start()
+
+    def _beat(self) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(worker_alive_key(self._tier, self._owner), b"1", px=self._ttl_ms)
+        pipe.hset(workers_key(self._tier), self._owner, str(time.time()))
+        pipe.execute()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stopped.wait(self._ttl_ms / 4000):
+            try:
+                self._beat()
+            except redis.RedisError as exc:  # Redis is down: the next beat will tell it again
+                if not failing:
+                    log.warning("heartbeat of %s failed: %s", self._owner, exc)
+                failing = True
+            else:
+                failing = False
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(redis.RedisError):
+            self._client.delete(worker_alive_key(self._tier, self._owner))
+        self._client.close()
 
 
 def _token(owner: str, epoch: int) -> str:

@@ -104,3 +104,22 @@ def session_directory_key(tier: Tier) -> str:
     """Hash session -> SessionInfo of every live session of ``tier`` (one key, deliberately global:
     it is how workers find sessions whose owner died)."""
     return f"{KEY_PREFIX}:sessions:{tier}"
+
+
+# --- which worker processes are alive, and what each owns (fast failover) ---------------------------
+
+
+def worker_alive_key(tier: Tier, owner: str) -> str:
+    """Set by a worker's heartbeat with a short TTL: gone within that TTL of the process dying."""
+    return f"{KEY_PREFIX}:alive:{tier}:{owner}"
+
+
+def workers_key(tier: Tier) -> str:
+    """Hash owner -> start time of the workers of ``tier`` (so others notice one whose heartbeat
+    stopped)."""
+    return f"{KEY_PREFIX}:workers:{tier}"
+
+
+def owned_key(tier: Tier, owner: str) -> str:
+    """Set of the sessions a worker owns: what the others take over when it dies."""
+    return f"{KEY_PREFIX}:owned:{tier}:{owner}"
