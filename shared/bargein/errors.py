@@ -50,5 +50,10 @@ class UnroutableError(BargeinError):
     """A control message matched no queue: nobody would have received the interrupt."""
 
 
+class NotOwner(BargeinError):
+    """This process may no longer own the session (it was paused past its lease, say): the message it
+    was handed is not handled here but goes back to the mailbox, for the owner."""
+
+
 class StaleEpochError(BargeinError):
     """A write carried an owner epoch older than the session's current lease: the writer was fenced."""

@@ -65,6 +65,9 @@ class BrokerSettings(_Base):
     """Where RabbitMQ and Redis are, and how sessions are owned. Used by every service."""
 
     rabbitmq_url: str = Field(default="amqp://guest:guest@localhost:5672/", pattern=r"^amqps?://")
+    rabbitmq_heartbeat_s: int = Field(
+        default=5, ge=1, le=600, description="AMQP heartbeat: a frozen process's connection is dropped soon."
+    )
     redis_url: str = Field(default="redis://localhost:6379/0", pattern=r"^(redis|rediss|unix)://")
     redis_pool_size: int = Field(
         default=64, ge=1, le=10_000, description="Redis connections per process; callers wait for a free one."

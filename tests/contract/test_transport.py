@@ -24,7 +24,7 @@ from bargein import (
     UserStartedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.errors import UnroutableError
+from bargein.errors import NotOwner, UnroutableError
 from bargein.wire.envelope import Envelope, encode
 from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH, mailbox_queue
 
@@ -249,3 +249,26 @@ async def test_deleting_a_mailbox_drops_what_waited_in_it(bus: Bus, session: Ses
     await asyncio.sleep(0.2)
     assert contents(seen) == ["fresh"]
     assert mailbox_queue(TIER_REASONING, s).endswith(s)
+
+
+async def test_a_handler_that_is_not_the_owner_puts_the_message_back_and_stops(
+    bus: Bus, session: Session
+) -> None:
+    s = session()
+    publisher, thawed, owner = await bus.transport(), await bus.transport(), await bus.transport()
+
+    async def not_mine(envelope: Envelope, event: Event) -> None:
+        raise NotOwner("paused past its lease")
+
+    stale = await thawed.open_mailbox(s, TIER_REASONING, IN, not_mine)
+    assert stale.alive
+    await publisher.publish(Envelope.wrap(s, text("for the owner")), IN)
+    await until(lambda: not stale.alive)
+    seen: Seen = []
+    current = await owner.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await publisher.publish(Envelope.wrap(s, text("and the next")), IN)
+    await until(lambda: len(seen) == 2)
+    assert contents(seen) == ["for the owner", "and the next"]  # nothing lost, nothing dead-lettered
+    assert current.alive
+    await current.cancel()
+    assert not current.alive

@@ -39,7 +39,7 @@ from bargein.speech.turns import Emission
 from bargein.speech.vad import WINDOW_BYTES, shared_model
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, new_session_id
-from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH
+from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH, mailbox_queue
 from bargein.wire.session_info import SessionInfo
 
 from . import TOLERANCE_MS, pcm, speech_marks
@@ -373,12 +373,15 @@ async def test_an_adopter_starts_from_silence_and_consumes_what_waited(rig: Rig)
     check_marks("short_burst.wav", emissions(session))  # offsets count from the adopter's first window
 
 
-async def test_a_fenced_session_publishes_nothing(rig: Rig) -> None:
+async def test_a_fenced_session_handles_nothing_and_leaves_the_audio_for_its_next_owner(rig: Rig) -> None:
     session = await rig.open()
     session.runtime.fenced = True  # what SessionHost does when a lease renewal fails
     await session.stream(pcm("one_utterance.wav"))
-    await session.processed()
-    assert session.to_agent == [] and session.runtime.counters["dropped_fenced"] == 2
+    await rig.broker.settle()
+    assert session.to_agent == [] and session.runtime.policy.windows == 0
+    assert session.runtime.counters["not_owner"] == 1  # the first frame went back; it consumes no more
+    box = rig.broker.mailboxes[mailbox_queue(TIER_SPEECH, session.sid)]
+    assert box.consumer is None and len(box.items) > 0
 
 
 async def test_active_turns_is_one_while_the_user_speaks(rig: Rig) -> None:

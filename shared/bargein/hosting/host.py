@@ -23,7 +23,7 @@ from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
-from bargein.transport.abc import SessionProcessor, StateStore, Subscription, Transport
+from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Subscription, Transport
 from bargein.wire.names import IN, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
@@ -84,6 +84,10 @@ class _Owned:
 class _NoSubscription(Subscription):
     """Stands in until the mailbox is open."""
 
+    @property
+    def alive(self) -> bool:
+        return True
+
     async def cancel(self) -> None:
         return None
 
@@ -111,6 +115,15 @@ class SessionHost:
         self.idle_end_s = idle_end_s  # a session with no message for this long is over (caller gone)
         self._background: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, _Owned] = {}
+        self.heartbeat: Heartbeat | None = None  # this process's liveness (Worker.start keeps it)
+
+    def keep_alive(self, ttl_ms: int) -> None:
+        """Start this process's heartbeat; the sessions it owns act only while it holds."""
+        self.heartbeat = self.store.keep_alive(self.tier, self.owner, ttl_ms)
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     @classmethod
     def for_agent(cls, transport: Transport, store: StateStore, agent: Agent, **kwargs: Any) -> SessionHost:
@@ -122,6 +135,7 @@ class SessionHost:
         sid = info.session_id
         if sid in self.sessions:
             return self.sessions[sid].runtime
+        acquired_at = time.monotonic()
         epoch = await self.store.acquire_lease(
             self.tier, sid, self.owner, self.lease_ttl_ms, replacing=replacing
         )
@@ -135,6 +149,8 @@ class SessionHost:
                 info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
             )
         )
+        runtime.lease_deadline = self._deadline(acquired_at)
+        runtime.liveness = self.heartbeat
         renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
         owned = _Owned(runtime, _NoSubscription(), renewer)
         try:
@@ -147,6 +163,17 @@ class SessionHost:
             raise
         self.sessions[sid] = owned
         return runtime
+
+    async def _resubscribe(self, session_id: str, owned: _Owned) -> None:
+        """Consume the session's mailbox again (declaring it again if it vanished)."""
+        try:
+            owned.subscription = await self.transport.open_mailbox(
+                session_id, self.tier, IN, owned.runtime.handle
+            )
+        except Exception as exc:
+            log.warning("session %s: cannot consume its mailbox again yet: %s", session_id, exc)
+            return
+        log.info("session %s: consuming its mailbox again", session_id)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -199,10 +226,15 @@ class SessionHost:
         idle = time.monotonic() - owned.runtime.last_activity
         return self.idle_end_s is not None and idle > self.idle_end_s and not owned.runtime.active_turns
 
+    def _deadline(self, asked_at: float) -> float:
+        """Until when a lease taken or renewed at ``asked_at`` surely holds (a tenth of it spare)."""
+        return asked_at + 0.9 * self.lease_ttl_ms / 1000
+
     async def _renew(self, session_id: str, epoch: int) -> None:
         interval = self.lease_ttl_ms / 3000
         while True:
             await asyncio.sleep(interval)
+            asked_at = time.monotonic()
             try:
                 ok = await self.store.renew_lease(self.tier, session_id, self.owner, epoch, self.lease_ttl_ms)
             except Exception:
@@ -215,6 +247,11 @@ class SessionHost:
                     owned.runtime.fenced = True
                     self._spawn(self.close(session_id, release=False, checkpoint=False))
                 return
+            if owned is None:
+                return
+            owned.runtime.lease_deadline = self._deadline(asked_at)
+            if not owned.subscription.alive:  # the broker cancelled it, or the connection came back
+                await self._resubscribe(session_id, owned)
             if owned is not None and self._gone_quiet(owned):
                 log.info(
                     "session %s: no message for %.0f s; the caller is gone, ending it",

@@ -15,7 +15,7 @@ import logging
 
 from bargein.errors import EnvelopeError
 from bargein.hosting.host import SessionHost, SessionTaken
-from bargein.transport.abc import Heartbeat, Subscription
+from bargein.transport.abc import Subscription
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.hosting.worker")
@@ -43,7 +43,6 @@ class Worker:
         self.started = 0
         self._starts: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._heartbeat: Heartbeat | None = None
 
     @property
     def room(self) -> int:
@@ -51,7 +50,7 @@ class Worker:
 
     async def start(self) -> None:
         tier = self.host.tier
-        self._heartbeat = self.host.store.keep_alive(tier, self.host.owner, self.liveness_ttl_ms)
+        self.host.keep_alive(self.liveness_ttl_ms)
         self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
         self._tasks = [
             asyncio.create_task(self._adopt_loop(), name=f"adopt:{tier}"),
@@ -173,8 +172,7 @@ class Worker:
         """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
         self.draining = True
         await self._stop_taking()
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        self.host.stop_heartbeat()
         await self.host.abandon_all()
 
     def active_turns(self) -> int:
@@ -198,7 +196,6 @@ class Worker:
         await self._let_turns_finish()
         count = len(self.host.sessions)
         await self.host.close_all()
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        self.host.stop_heartbeat()
         await self.host.store.forget_worker(self.host.tier, self.host.owner)
         log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)

@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -44,12 +45,12 @@ from bargein.agent.events import (
 from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
-from bargein.errors import StaleEpochError, UnroutableError
+from bargein.errors import NotOwner, StaleEpochError, UnroutableError
 from bargein.runtime import snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
-from bargein.transport.abc import SessionProcessor, StateStore, Transport
+from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
 from bargein.wire.envelope import Envelope, message_of, validate_session_id
 from bargein.wire.names import OUT, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
@@ -96,6 +97,8 @@ class SessionRuntime(SessionProcessor):
         self.holding = False  # draining: no new turns start here (they are handed over)
         self.closed = False
         self.last_activity = time.monotonic()
+        self.lease_deadline = math.inf  # set by the host (SessionProcessor)
+        self.liveness: Heartbeat | None = None
         self._dirty = False
         self._checkpoint_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -229,6 +232,10 @@ class SessionRuntime(SessionProcessor):
     async def handle(self, envelope: Envelope, event: Event) -> None:
         """Transport handler: returns once the event has been dispatched (not once routes are done
         with it), so the next event, an interrupt above all, is never held up by a route's work."""
+        now = self.last_activity = time.monotonic()
+        if self.fenced or now >= self.lease_deadline or (self.liveness and now >= self.liveness.alive_until):
+            self.count("not_owner")  # thawed after a pause, say: another process may own it now
+            raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         message = message_of(envelope, event)
         if isinstance(event, SpeechDelivered | HeardRecord):
             if self._on_delivery_report(event):

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -43,13 +44,14 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
+from bargein.errors import NotOwner
 from bargein.hosting.host import Ownership, ProcessorFactory
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.transcriber import NullTranscriber, Transcriber
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, shared_model
-from bargein.transport.abc import SessionProcessor, Transport
+from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, OUT, Direction
 from bargein.wire.session_info import SessionInfo
@@ -83,6 +85,8 @@ class SpeechSession(SessionProcessor):
         self.on_end = own.on_end
         self.fenced = False
         self.last_activity = time.monotonic()
+        self.lease_deadline = math.inf  # set by the host (SessionProcessor)
+        self.liveness: Heartbeat | None = None
         self.settings = settings
         self.batcher = batcher
         self.transcriber: Transcriber = transcriber or NullTranscriber()
@@ -183,7 +187,10 @@ class SpeechSession(SessionProcessor):
         """One mailbox message. Returns at once unless this session's windows are piling up in the
         batcher, in which case it waits for room (so excess audio waits in the bounded mailbox,
         where the oldest is dropped, instead of here)."""
-        self.last_activity = time.monotonic()
+        now = self.last_activity = time.monotonic()
+        if self.fenced or now >= self.lease_deadline or (self.liveness and now >= self.liveness.alive_until):
+            self.counters["not_owner"] += 1  # thawed after a pause, say: another process may own it now
+            raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         if isinstance(event, EndCall):  # the call is over: stop owning it (the mailbox hears this one)
             self.on_end(self.session_id)
             return

@@ -28,6 +28,13 @@ class Subscription(ABC):
     @abstractmethod
     async def cancel(self) -> None: ...
 
+    @property
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether it still consumes: False once cancelled, once the broker cancelled it (its queue
+        crashed or vanished), once the connection was lost, or once its handler said
+        :class:`~bargein.errors.NotOwner`. Its owner then subscribes again, or lets the session go."""
+
 
 class EdgeQueue(Subscription):
     @abstractmethod
@@ -51,9 +58,11 @@ class Transport(ABC):
         """Declare ``tier``'s mailbox for ``session`` (idempotently) and consume it in order.
 
         ``handler`` is awaited for one message at a time; a message is acknowledged when it returns
-        (a handler that raises costs that message only: it is dead-lettered). Messages that fail to
-        decode, or belong to another session, never reach the handler: they are dead-lettered with
-        a reason and counted. The speech tier's mailbox keeps only its newest audio frames.
+        (a handler that raises costs that message only: it is dead-lettered; one that raises
+        :class:`~bargein.errors.NotOwner` puts it back in the mailbox and stops the consumer).
+        Messages that fail to decode, or belong to another session, never reach the handler: they
+        are dead-lettered with a reason and counted. The speech tier's mailbox keeps only its newest
+        audio frames.
         """
 
     @abstractmethod
@@ -86,7 +95,13 @@ class Transport(ABC):
 
 
 class Heartbeat(ABC):
-    """A worker's liveness, kept up until :meth:`stop` (or until the process dies or is paused)."""
+    """A worker's liveness, kept up until :meth:`stop` (or until the process dies or is paused).
+
+    ``alive_until`` (``time.monotonic()``) is how long the others surely still see this worker as
+    alive: past it (the process was paused, or Redis was unreachable), they may have taken its
+    sessions, and it must not act on them before it has checked its leases."""
+
+    alive_until: float
 
     @abstractmethod
     def stop(self) -> None: ...
@@ -183,6 +198,10 @@ class SessionProcessor(ABC):
     epoch: int
     fenced: bool  # set when the lease was lost: write nothing more
     last_activity: float  # time.monotonic() of the last message handled: the host ends quiet sessions
+    # Set by the host: the processor handles a message only before both (else NotOwner), so a
+    # process thawed after a pause acts on nothing another process may own by now.
+    lease_deadline: float  # time.monotonic() until which the lease surely holds
+    liveness: Heartbeat | None  # this worker's heartbeat
 
     @abstractmethod
     async def start(self) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
+import aiormq.abc
 from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
@@ -38,7 +39,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import DeliveryError
 
-from bargein.errors import EnvelopeError, InvalidSessionId, UnroutableError
+from bargein.errors import EnvelopeError, InvalidSessionId, NotOwner, UnroutableError
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -70,9 +71,27 @@ DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its si
 
 
 class _Consumer(Subscription):
-    def __init__(self, queue: AbstractQueue, tag: str) -> None:
+    """``underlay`` is the AMQP channel the consumer was made on: after a reconnect that channel is
+    closed (aio-pika makes a new one), and a consumer the broker cancelled is gone from it."""
+
+    def __init__(self, queue: AbstractQueue, tag: str, underlay: aiormq.abc.AbstractChannel | None) -> None:
         self._queue = queue
         self._tag: str | None = tag
+        self._underlay = underlay
+
+    @property
+    def alive(self) -> bool:
+        """Consuming still: not cancelled by us, by the broker (a queue that crashed or vanished)
+        or by a lost connection (the consumer is not restored: its owner subscribes again)."""
+        if self._tag is None:
+            return False
+        if self._underlay is None:  # robust (session starts, edge queue): aio-pika restores it
+            return True
+        return not self._underlay.is_closed and self._tag in getattr(self._underlay, "consumers", {})
+
+    def stopped(self) -> None:
+        """The handler said NotOwner: this consumer counts as gone."""
+        self._tag = None
 
     async def cancel(self) -> None:
         tag, self._tag = self._tag, None
@@ -84,9 +103,13 @@ class _Consumer(Subscription):
 
 
 class _AmqpEdgeQueue(EdgeQueue):
-    def __init__(self, queue: AbstractRobustQueue, tag: str) -> None:
+    def __init__(self, queue: AbstractRobustQueue, consumer: _Consumer) -> None:
         self._queue = queue
-        self._consumer = _Consumer(queue, tag)
+        self._consumer = consumer
+
+    @property
+    def alive(self) -> bool:
+        return self._consumer.alive
 
     async def add_session(self, session: str) -> None:
         for key in edge_bindings(session):
@@ -110,8 +133,10 @@ class AmqpTransport(Transport):
         mailbox_expiry_ms: int = 3_600_000,
         audio_mailbox_frames: int = 500,
         name: str = "bargein",
+        heartbeat_s: int = 10,
     ) -> None:
         self.url = url
+        self.heartbeat_s = heartbeat_s
         self.max_message_bytes = max_message_bytes
         self.mailbox_expiry_ms = mailbox_expiry_ms
         self.audio_mailbox_frames = audio_mailbox_frames
@@ -135,8 +160,9 @@ class AmqpTransport(Transport):
         return transport
 
     async def start(self) -> None:
+        # a short heartbeat: the broker hands a frozen process's unacknowledged message back soon
         self._connection = await aio_pika.connect_robust(
-            self.url, client_properties={"connection_name": self.name}
+            self.url, client_properties={"connection_name": self.name}, heartbeat=self.heartbeat_s
         )
         self._data = await self._connection.channel(publisher_confirms=True)
         self._control = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -228,27 +254,39 @@ class AmqpTransport(Transport):
     # --- mailboxes -------------------------------------------------------------------------------
 
     def _mailbox_arguments(self, tier: Tier) -> dict[str, Any]:
-        arguments: dict[str, Any] = {
-            "x-queue-type": "classic",
-            "x-expires": self.mailbox_expiry_ms,
-            "x-single-active-consumer": True,
-        }
+        # No x-single-active-consumer: a frozen consumer keeps that slot (and RabbitMQ 3.10 crashes
+        # such queues on redelivery, issue #5460); the lease and the owner's check before every
+        # message (NotOwner) keep a mailbox to one owner instead.
+        arguments: dict[str, Any] = {"x-queue-type": "classic", "x-expires": self.mailbox_expiry_ms}
         if tier == TIER_SPEECH:  # audio: bounded, oldest dropped (not dead-lettered): it is worthless
             arguments.update({"x-max-length": self.audio_mailbox_frames, "x-overflow": "drop-head"})
         else:
             arguments.update({"x-max-priority": PRIORITY_CONTROL, "x-dead-letter-exchange": DEAD_EXCHANGE})
         return arguments
 
-    async def _declare_mailbox_on(
-        self, channel: AbstractRobustChannel, session: str, tier: Tier, direction: Direction, *, robust: bool
-    ) -> AbstractRobustQueue:
-        queue: AbstractRobustQueue = await channel.declare_queue(
-            mailbox_queue(tier, session), durable=True, arguments=self._mailbox_arguments(tier), robust=robust
-        )
-        await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=robust)
-        for exchange, key in mailbox_extra_bindings(tier, session):
-            await queue.bind(exchange, key, robust=robust)
-        return queue
+    async def _declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> str:
+        """Declare ``tier``'s mailbox for ``session`` and its bindings, on a channel of its own (a
+        refused declaration closes its channel). One declared by an older bargein with other
+        arguments is used as it is until it expires."""
+        name = mailbox_queue(tier, session)
+        connection = self._need(self._connection)
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            try:
+                queue = await channel.declare_queue(
+                    name, durable=True, arguments=self._mailbox_arguments(tier), robust=False
+                )
+            except aio_pika.exceptions.ChannelPreconditionFailed:
+                self.counters["mailboxes_with_old_arguments"] += 1
+                channel = await connection.channel(publisher_confirms=False)
+                queue = await channel.declare_queue(name, passive=True, robust=False)
+            await queue.bind(tier_exchange(tier), mailbox_binding(session, direction), robust=False)
+            for exchange, key in mailbox_extra_bindings(tier, session):
+                await queue.bind(exchange, key, robust=False)
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        return name
 
     async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
         channel = self._need(self._consume)
@@ -257,24 +295,28 @@ class AmqpTransport(Transport):
         queue: AbstractRobustQueue = await channel.declare_queue(
             name, exclusive=True, arguments={"x-max-priority": PRIORITY_CONTROL}
         )
-        tag = await queue.consume(self._mailbox_consumer(queue, None, handler))
-        return _AmqpEdgeQueue(queue, tag)
+        consumer = _Consumer(queue, "", None)
+        consumer._tag = await queue.consume(self._mailbox_consumer(queue, None, handler, consumer))
+        return _AmqpEdgeQueue(queue, consumer)
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
-        await self._declare_mailbox_on(self._need(self._data), session, tier, direction, robust=False)
+        await self._declare_mailbox(session, tier, direction)
 
     async def open_mailbox(
         self, session: str, tier: Tier, direction: Direction, handler: Handler
     ) -> Subscription:
-        queue = await self._declare_mailbox_on(
-            self._need(self._consume), session, tier, direction, robust=True
-        )
-
-        tag = await queue.consume(self._mailbox_consumer(queue, session, handler))
-        return _Consumer(queue, tag)
+        """The consumer is not restored by aio-pika after a reconnect (one session's queue that
+        failed to restore would stop the others'): :attr:`Subscription.alive` says when its owner
+        must subscribe again."""
+        name = await self._declare_mailbox(session, tier, direction)
+        channel = self._need(self._consume)
+        queue = await channel.declare_queue(name, passive=True, robust=False)
+        consumer = _Consumer(queue, "", await channel.get_underlay_channel())
+        consumer._tag = await queue.consume(self._mailbox_consumer(queue, session, handler, consumer))
+        return consumer
 
     def _mailbox_consumer(
-        self, queue: AbstractQueue, session: str | None, handler: Handler
+        self, queue: AbstractQueue, session: str | None, handler: Handler, consumer: _Consumer
     ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
         """Decode, hand over, acknowledge; anything undecodable (or for another session, when the
         queue is one session's) is dead-lettered with its reason instead."""
@@ -291,6 +333,11 @@ class AmqpTransport(Transport):
                 await handler(envelope, event)
             except asyncio.CancelledError:
                 raise  # unacknowledged: redelivered to the next consumer
+            except NotOwner:  # back to the mailbox, for the owner; this consumer stops here
+                await message.nack(requeue=True)
+                await consumer.cancel()
+                consumer.stopped()
+                return
             except Exception as exc:
                 log.exception("handler failed on %s in %s", envelope.type, queue.name)
                 await self._reject(message, "handler_error", f"{type(exc).__name__}: {exc}", queue.name)
@@ -365,4 +412,4 @@ class AmqpTransport(Transport):
                 await message.nack(requeue=True)
 
         tag = await queue.consume(on_start)
-        return _Consumer(queue, tag)
+        return _Consumer(queue, tag, None)

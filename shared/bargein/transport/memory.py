@@ -16,11 +16,12 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
 
-from bargein.errors import EnvelopeError, InvalidSessionId, StaleEpochError, UnroutableError
+from bargein.errors import EnvelopeError, InvalidSessionId, NotOwner, StaleEpochError, UnroutableError
 from bargein.transport.abc import (
     EdgeQueue,
     Handler,
@@ -160,6 +161,10 @@ class _TaskSubscription(Subscription):
     def __init__(self, task: asyncio.Task[None]) -> None:
         self._task = task
 
+    @property
+    def alive(self) -> bool:
+        return not self._task.done()
+
     async def cancel(self) -> None:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -180,6 +185,10 @@ class _MemoryEdgeQueue(EdgeQueue):
         keys = set(edge_bindings(session))
         self._box.patterns = [(ex, p) for ex, p in self._box.patterns if p not in keys]
 
+    @property
+    def alive(self) -> bool:
+        return self._box.consumer is not None and not self._box.consumer.done()
+
     async def cancel(self) -> None:
         await _MemorySubscription(self._box).cancel()
         self._broker.mailboxes.pop(self._box.name, None)
@@ -188,6 +197,11 @@ class _MemoryEdgeQueue(EdgeQueue):
 class _MemorySubscription(Subscription):
     def __init__(self, box: _Mailbox) -> None:
         self._box = box
+        self._task = box.consumer
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and self._box.consumer is self._task and not self._task.done()
 
     async def cancel(self) -> None:
         task, self._box.consumer = self._box.consumer, None
@@ -247,6 +261,9 @@ class MemoryTransport(Transport):
                     await handler(envelope, event)
                 except asyncio.CancelledError:
                     raise  # not acked: stays at the head for the next consumer
+                except NotOwner:
+                    box.consumer = None  # the message stays at the head; this consumer is done
+                    return
                 except Exception as exc:
                     log.exception("handler failed on %s", envelope.type)
                     broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", item.body, box.name)
@@ -305,6 +322,7 @@ class _MemoryHeartbeat(Heartbeat):
     def __init__(self, alive: set[tuple[str, str]], key: tuple[str, str]) -> None:
         self._alive = alive
         self._key = key
+        self.alive_until = math.inf  # nothing pauses a process in a test
 
     def stop(self) -> None:
         self._alive.discard(self._key)

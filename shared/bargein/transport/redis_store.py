@@ -355,16 +355,20 @@ class _ThreadHeartbeat(Heartbeat):
     def __init__(self, url: str, tier: Tier, owner: str, ttl_ms: int, timeout_s: float) -> None:
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._tier, self._owner, self._ttl_ms = tier, owner, ttl_ms
+        self.alive_until = 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat:{owner}", daemon=True)
         self._beat()  # alive before anyone could look
         self._thread.start()
 
     def _beat(self) -> None:
+        asked_at = time.monotonic()
         pipe = self._client.pipeline(transaction=False)
         pipe.set(worker_alive_key(self._tier, self._owner), b"1", px=self._ttl_ms)
         pipe.hset(workers_key(self._tier), self._owner, str(time.time()))
         pipe.execute()
+        # the others see us alive until the key expires: from when we asked, less a little spare
+        self.alive_until = asked_at + 0.8 * self._ttl_ms / 1000
 
     def _run(self) -> None:
         failing = False
