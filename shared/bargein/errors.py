@@ -46,6 +46,10 @@ class InvalidEnvelope(EnvelopeError):
     reason = "bad_envelope"
 
 
+class BrokerUnavailable(BargeinError):
+    """The broker could not be reached within the time a publisher waits for it to come back."""
+
+
 class UnroutableError(BargeinError):
     """A control message matched no queue: nobody would have received the interrupt."""
 

@@ -65,6 +65,9 @@ class BrokerSettings(_Base):
     """Where RabbitMQ and Redis are, and how sessions are owned. Used by every service."""
 
     rabbitmq_url: str = Field(default="amqp://guest:guest@localhost:5672/", pattern=r"^amqps?://")
+    broker_wait_s: float = Field(
+        default=15.0, ge=0, le=600, description="How long a publisher waits for RabbitMQ to come back."
+    )
     rabbitmq_heartbeat_s: int = Field(
         default=5, ge=1, le=600, description="AMQP heartbeat: a frozen process's connection is dropped soon."
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from bargein.errors import StaleEpochError
-from bargein.transport.abc import StateStore
+from bargein.transport.abc import Renewal, StateStore
 from bargein.wire.names import TIER_EDGE, TIER_REASONING, TIER_SPEECH
 
 TIER = TIER_REASONING
@@ -61,6 +61,23 @@ async def test_renewing_keeps_the_lease_and_only_its_holder_may(store: StateStor
     assert await store.acquire_lease(TIER, s, "b", SHORT_MS) is None
     await store.release_lease(TIER, s, "a", epoch)
     assert await store.acquire_lease(TIER, s, "b", SHORT_MS) == 2
+
+
+async def test_a_lease_gone_with_no_later_epoch_is_taken_again_by_its_holder(
+    store: StateStore, session: Session
+) -> None:
+    s = session("forgotten")
+    assert await store.acquire_lease(TIER, s, "a", SHORT_MS) == 1
+    await asyncio.sleep(LAPSE_S)  # gone (as after a Redis restart without persistence), nobody took it
+    assert await store.renew_lease(TIER, s, "a", 1, LONG_MS) is Renewal.RESTORED
+    assert await store.acquire_lease(TIER, s, "b", LONG_MS) is None  # it is held again
+    assert await store.renew_lease(TIER, s, "a", 1, LONG_MS) is Renewal.RENEWED
+    assert await store.current_epoch(TIER, s) == 1
+    many = {session(f"m{i}"): 1 for i in range(5)}
+    for name in many:
+        assert await store.acquire_lease(TIER, name, "a", LONG_MS) == 1
+    renewed = await store.renew_leases(TIER, "a", {**many, s: 1}, LONG_MS)
+    assert set(renewed.values()) == {Renewal.RENEWED} and set(renewed) == {*many, s}
 
 
 async def test_a_former_owner_can_neither_renew_release_nor_write(

@@ -120,8 +120,8 @@ async def test_renew_and_release_by_a_wrong_owner_or_epoch_do_nothing(
 
     await redis_store.release_lease(TIER, session, "worker-a", epoch)
     assert not await raw.exists(key)
-    assert not await redis_store.renew_lease(TIER, session, "worker-a", epoch, LONG_TTL_MS)
     assert await redis_store.acquire_lease(TIER, session, "worker-b", LONG_TTL_MS) == 2
+    assert not await redis_store.renew_lease(TIER, session, "worker-a", epoch, LONG_TTL_MS)  # a later epoch
 
 
 async def test_a_former_holder_cannot_renew_release_or_write_after_takeover(

@@ -137,14 +137,18 @@ async def test_leases_hand_out_increasing_epochs_and_fence_stale_writers() -> No
     assert await store.acquire_lease("reasoning", "s1", "worker-a", ttl_ms=50) == 3
 
 
-async def test_fenced_runtime_stops_checkpointing() -> None:
+async def test_a_superseded_runtime_cannot_checkpoint_over_its_successor() -> None:
     async with LocalSession(counting_agent) as s:
         runtime = s.runtime
         # another owner takes the session over behind this one's back
         await s.store.release_lease("reasoning", s.session_id, runtime.owner, runtime.epoch)
         assert await s.store.acquire_lease("reasoning", s.session_id, "intruder", 60_000) == 2
+        await s.store.save_state("reasoning", s.session_id, 2, b"the successor's", 60_000)
         await runtime.checkpoint()
-        assert runtime.fenced and runtime.counters["fenced"] == 1
+        assert runtime.counters["checkpoints_refused"] == 1
+        assert await s.store.load_state("reasoning", s.session_id) == b"the successor's"
+        # and the host's next renewal says the lease is lost, which closes the session here
+        assert not await s.store.renew_lease("reasoning", s.session_id, runtime.owner, runtime.epoch, 60_000)
 
 
 async def test_node_ids_are_deterministic() -> None:

@@ -24,6 +24,7 @@ from bargein import tracing
 from bargein.edge.core import Connection, Edge
 from bargein.edge.protocol import ErrorCode, ErrorFrame, ProtocolError, SessionRequest, frame_json, parse
 from bargein.edge.tokens import ROLES, Role, TokenError, Tokens
+from bargein.errors import BrokerUnavailable
 from bargein.settings import DEFAULT_MAX_BODY_BYTES
 from bargein.wire.envelope import SESSION_ID_PATTERN
 
@@ -134,17 +135,21 @@ def create_app(
         if connection.role != "caller":
             return ErrorFrame(code=ErrorCode.LISTENER_CANNOT_SEND, message="listeners only receive")
         data = incoming.get("bytes")
-        if data is not None:
-            return await edge.client_audio(connection, data)
         try:
-            message = parse(incoming.get("text") or "")
-        except ProtocolError as exc:
-            edge.count(f"bad_{exc.code}")
-            return exc.frame()
-        with tracing.span(
-            f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
-        ):
-            await edge.client_message(connection, message)
+            if data is not None:
+                return await edge.client_audio(connection, data)
+            try:
+                message = parse(incoming.get("text") or "")
+            except ProtocolError as exc:
+                edge.count(f"bad_{exc.code}")
+                return exc.frame()
+            with tracing.span(
+                f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
+            ):
+                await edge.client_message(connection, message)
+        except BrokerUnavailable as exc:  # said aloud, never lost in silence; the socket stays open
+            edge.count("unavailable")
+            return ErrorFrame(code=ErrorCode.UNAVAILABLE, message=f"{exc}; say it again shortly")
         return None
 
     async def healthz(request: Request) -> Response:

@@ -56,7 +56,7 @@ from bargein.edge.protocol import (
     frame_json,
 )
 from bargein.edge.tokens import Role
-from bargein.errors import UnroutableError
+from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.settings import BroadcastSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
@@ -123,6 +123,7 @@ class Connection:
         self.reports_played = reports_played
         self.outbox = Outbox(limit)
         self.closed = False
+        self.told_unavailable = False  # one `unavailable` frame per outage for dropped audio
         self.writer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -457,7 +458,16 @@ class Edge:
         if len(data) % SAMPLE_WIDTH:
             self.count("bad_frames")
             return ErrorFrame(code=ErrorCode.BAD_AUDIO_FRAME, message="audio must be whole PCM16 samples")
-        await self._publish(connection.session.session_id, AudioFrame(data=data))
+        try:
+            await self._publish(connection.session.session_id, AudioFrame(data=data))
+        except BrokerUnavailable as exc:
+            # audio is worthless by the time the broker is back: dropped, and said once per outage
+            self.count("audio_dropped_unavailable")
+            if connection.told_unavailable:
+                return None
+            connection.told_unavailable = True
+            return ErrorFrame(code=ErrorCode.UNAVAILABLE, message=f"{exc}; audio is being dropped")
+        connection.told_unavailable = False
         return None
 
     async def client_message(

@@ -42,6 +42,7 @@ async def serve(
         mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
         audio_mailbox_frames=broker.audio_mailbox_frames,
         heartbeat_s=broker.rabbitmq_heartbeat_s,
+        broker_wait_s=broker.broker_wait_s,
     )
     store = RedisStateStore.from_url(
         broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s

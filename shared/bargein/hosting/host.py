@@ -23,7 +23,7 @@ from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
-from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Subscription, Transport
+from bargein.transport.abc import Heartbeat, Renewal, SessionProcessor, StateStore, Subscription, Transport
 from bargein.wire.names import IN, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
@@ -76,9 +76,9 @@ def agent_sessions(agent: Agent) -> ProcessorFactory:
 
 @dataclass
 class _Owned:
+    info: SessionInfo
     runtime: SessionProcessor
     subscription: Subscription
-    renewer: asyncio.Task[None]
 
 
 class _NoSubscription(Subscription):
@@ -116,6 +116,8 @@ class SessionHost:
         self._background: set[asyncio.Task[None]] = set()
         self.sessions: dict[str, _Owned] = {}
         self.heartbeat: Heartbeat | None = None  # this process's liveness (Worker.start keeps it)
+        self._renewer: asyncio.Task[None] | None = None  # renews every lease at once
+        self._renewal_failing = False
 
     def keep_alive(self, ttl_ms: int) -> None:
         """Start this process's heartbeat; the sessions it owns act only while it holds."""
@@ -151,17 +153,17 @@ class SessionHost:
         )
         runtime.lease_deadline = self._deadline(acquired_at)
         runtime.liveness = self.heartbeat
-        renewer = asyncio.create_task(self._renew(sid, epoch), name=f"lease:{sid}")
-        owned = _Owned(runtime, _NoSubscription(), renewer)
+        owned = _Owned(info, runtime, _NoSubscription())
+        self.sessions[sid] = owned  # its lease is renewed from now on
+        self._ensure_renewer()
         try:
             await runtime.start()
             owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
         except BaseException:
-            renewer.cancel()
+            self.sessions.pop(sid, None)
             await runtime.close(checkpoint=False)
             await self.store.release_lease(self.tier, sid, self.owner, epoch)
             raise
-        self.sessions[sid] = owned
         return runtime
 
     async def _resubscribe(self, session_id: str, owned: _Owned) -> None:
@@ -195,7 +197,6 @@ class SessionHost:
         owned = self.sessions.pop(session_id, None)
         if owned is None:
             return
-        owned.renewer.cancel()
         await owned.subscription.cancel()
         await owned.runtime.close(checkpoint=checkpoint)
         if release:
@@ -210,7 +211,6 @@ class SessionHost:
         owned = self.sessions.pop(session_id, None)
         if owned is None:
             return
-        owned.renewer.cancel()
         await owned.subscription.cancel()
         await owned.runtime.close(checkpoint=False)
 
@@ -230,33 +230,71 @@ class SessionHost:
         """Until when a lease taken or renewed at ``asked_at`` surely holds (a tenth of it spare)."""
         return asked_at + 0.9 * self.lease_ttl_ms / 1000
 
-    async def _renew(self, session_id: str, epoch: int) -> None:
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_all(), name=f"leases:{self.tier}"
+            )
+
+    async def _renew_all(self) -> None:
+        """Every third of the lease's lifetime, renew all the leases this process holds in one go
+        (a thousand sessions cost one round trip, not a thousand), then act on what came back."""
         interval = self.lease_ttl_ms / 3000
-        while True:
+        while self.sessions:
             await asyncio.sleep(interval)
+            leases = {sid: owned.runtime.epoch for sid, owned in self.sessions.items()}
             asked_at = time.monotonic()
             try:
-                ok = await self.store.renew_lease(self.tier, session_id, self.owner, epoch, self.lease_ttl_ms)
-            except Exception:
-                log.exception("session %s: lease renewal failed; will retry", session_id)
+                results = await self.store.renew_leases(self.tier, self.owner, leases, self.lease_ttl_ms)
+            except Exception as exc:  # Redis is down: the sessions wait (their processors hold off)
+                if not self._renewal_failing:
+                    log.warning(
+                        "renewing %d leases failed (%s: %s); retrying", len(leases), type(exc).__name__, exc
+                    )
+                self._renewal_failing = True
                 continue
-            owned = self.sessions.get(session_id)
-            if not ok:
-                log.warning("session %s: lease lost (epoch %d); stopping work on it", session_id, epoch)
-                if owned is not None:
-                    owned.runtime.fenced = True
-                    self._spawn(self.close(session_id, release=False, checkpoint=False))
-                return
-            if owned is None:
-                return
-            owned.runtime.lease_deadline = self._deadline(asked_at)
-            if not owned.subscription.alive:  # the broker cancelled it, or the connection came back
-                await self._resubscribe(session_id, owned)
-            if owned is not None and self._gone_quiet(owned):
-                log.info(
-                    "session %s: no message for %.0f s; the caller is gone, ending it",
-                    session_id,
-                    time.monotonic() - owned.runtime.last_activity,
-                )
-                self._spawn(self.finish(session_id))
-                return
+            if self._renewal_failing:
+                log.info("leases renew again")
+                self._renewal_failing = False
+            for session_id, result in results.items():
+                await self._renewed(session_id, leases[session_id], result, asked_at)
+
+    async def _renewed(self, session_id: str, epoch: int, result: Renewal, asked_at: float) -> None:
+        owned = self.sessions.get(session_id)
+        if owned is None:  # closed meanwhile: a lease the renewal took again goes straight back
+            if result is Renewal.RESTORED:
+                await self.store.release_lease(self.tier, session_id, self.owner, epoch)
+            return
+        if not result:
+            log.warning("session %s: lease lost (epoch %d); stopping work on it", session_id, epoch)
+            owned.runtime.fenced = True
+            self._spawn(self.close(session_id, release=False, checkpoint=False))
+            return
+        owned.runtime.lease_deadline = self._deadline(asked_at)
+        if result is Renewal.RESTORED:
+            await self._restore_records(session_id, owned)
+        if not owned.subscription.alive:  # the broker cancelled it, or the connection came back
+            await self._resubscribe(session_id, owned)
+        if self._gone_quiet(owned):
+            log.info(
+                "session %s: no message for %.0f s; the caller is gone, ending it",
+                session_id,
+                time.monotonic() - owned.runtime.last_activity,
+            )
+            self._spawn(self.finish(session_id))
+
+    async def _restore_records(self, session_id: str, owned: _Owned) -> None:
+        """Redis lost this session's lease (a restart without persistence): it has the lease and the
+        epoch again; write back the rest it needs (the directory entry, so the session can be found
+        and adopted; our record of owning it; the checkpoint)."""
+        log.warning(
+            "session %s: its lease was gone from Redis; taken again, writing its records back", session_id
+        )
+        try:
+            await self.store.register_session(self.tier, session_id, owned.info.encode())
+            await self.store.note_owned(self.tier, self.owner, session_id, True)
+            await owned.runtime.checkpoint()
+        except Exception as exc:
+            log.warning(
+                "session %s: writing its records back failed (%s); next renewal retries", session_id, exc
+            )

@@ -46,6 +46,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
         audio_mailbox_frames=broker.audio_mailbox_frames,
         heartbeat_s=broker.rabbitmq_heartbeat_s,
+        broker_wait_s=broker.broker_wait_s,
         name=owner,
     )
     store = RedisStateStore.from_url(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from bargein.errors import EnvelopeError
 from bargein.hosting.host import SessionHost, SessionTaken
@@ -127,21 +128,28 @@ class Worker:
         return taken
 
     async def _watch_loop(self) -> None:
-        interval = self.liveness_ttl_ms / 4000
+        await self._every(
+            self.liveness_ttl_ms / 4000, self.take_over_dead_workers, "looking for dead workers"
+        )
+
+    async def _adopt_loop(self) -> None:
+        await self._every(self.adopt_interval_s, self.adopt_orphans, "looking for orphaned sessions")
+
+    async def _every(self, interval: float, look: Callable[[], Awaitable[int]], what: str) -> None:
+        """Run ``look`` every ``interval`` seconds; a failure (Redis down) is logged once, not each time."""
+        failing = False
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.take_over_dead_workers()
-            except Exception:
-                log.exception("looking for dead workers failed; will retry")
-
-    async def _adopt_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.adopt_interval_s)
-            try:
-                await self.adopt_orphans()
-            except Exception:
-                log.exception("looking for orphaned sessions failed; will retry")
+                await look()
+            except Exception as exc:
+                if not failing:
+                    log.warning("%s failed (%s: %s); retrying quietly", what, type(exc).__name__, exc)
+                failing = True
+            else:
+                if failing:
+                    log.info("%s works again", what)
+                failing = False
 
     async def _status_loop(self) -> None:
         while True:

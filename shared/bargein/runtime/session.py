@@ -422,10 +422,15 @@ class SessionRuntime(SessionProcessor):
                 await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
                 self.count("checkpoints")
             except StaleEpochError:
-                self.fenced = True
-                self.count("fenced")
+                # Another owner has the session, or Redis lost its records (the epoch counter with
+                # them): the host's next lease renewal tells which, and closes the session here or
+                # takes everything back. Until then nothing is written.
+                self._dirty = True
+                self.count("checkpoints_refused")
                 log.warning(
-                    "session %s: epoch %d was fenced; another owner has it", self.session_id, self.epoch
+                    "session %s: checkpoint refused for epoch %d; the next lease renewal decides",
+                    self.session_id,
+                    self.epoch,
                 )
             except Exception:
                 self._dirty = True

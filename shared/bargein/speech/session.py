@@ -161,6 +161,9 @@ class SpeechSession(SessionProcessor):
             c["published"],
         )
 
+    async def checkpoint(self) -> None:
+        """Nothing to keep: an adopter starts from silence (see the module docstring)."""
+
     def hold(self) -> None:
         """Speech detection has no turns of its own to hold: it listens until the session is closed
         (the drain waits for a burst in progress to end, ``active_turns``)."""

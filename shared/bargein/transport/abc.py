@@ -10,8 +10,9 @@ same behaviour.
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from bargein.agent.events import Event
 from bargein.wire.envelope import Envelope
@@ -94,6 +95,15 @@ class Transport(ABC):
     async def close(self) -> None: ...
 
 
+class Renewal(enum.IntEnum):
+    """What renewing a lease found. Falsy only when the lease is lost."""
+
+    LOST = 0  # another process holds it, or a later epoch was handed out: stop working the session
+    RENEWED = 1
+    RESTORED = 2  # it was gone (Redis lost it, or it lapsed) and nobody took it: it is ours again,
+    #               and so is the epoch; what else Redis lost must be written again
+
+
 class Heartbeat(ABC):
     """A worker's liveness, kept up until :meth:`stop` (or until the process dies or is paused).
 
@@ -123,8 +133,16 @@ class StateStore(ABC):
         is dead); return the new epoch, or None if another holds it."""
 
     @abstractmethod
-    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
-        """Extend a lease we hold; False means it lapsed or was taken over: stop working the session."""
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> Renewal:
+        """Extend a lease we hold, or take it again (with its epoch) if it is gone and no later
+        epoch was handed out since; LOST means another process may own it: stop working it."""
+
+    async def renew_leases(
+        self, tier: Tier, owner: str, leases: Mapping[str, int], ttl_ms: int
+    ) -> dict[str, Renewal]:
+        """:meth:`renew_lease` for every ``session -> epoch`` of ``leases`` (one round trip where
+        the store can: a process with a thousand sessions renews them all at once)."""
+        return {s: await self.renew_lease(tier, s, owner, epoch, ttl_ms) for s, epoch in leases.items()}
 
     @abstractmethod
     async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None: ...
@@ -214,6 +232,10 @@ class SessionProcessor(ABC):
 
     @abstractmethod
     async def close(self, *, checkpoint: bool = True) -> None: ...
+
+    @abstractmethod
+    async def checkpoint(self) -> None:
+        """Write what must outlive this process to the state store (under the owner's epoch)."""
 
     @abstractmethod
     def hold(self) -> None:

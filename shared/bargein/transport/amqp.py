@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,7 +40,7 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import DeliveryError
 
-from bargein.errors import EnvelopeError, InvalidSessionId, NotOwner, UnroutableError
+from bargein.errors import BrokerUnavailable, EnvelopeError, InvalidSessionId, NotOwner, UnroutableError
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -48,6 +49,7 @@ from bargein.wire.names import (
     DEAD_QUEUE,
     DEAD_REASON_HEADER,
     EVENTS_EXCHANGE,
+    IN,
     PRIORITY_CONTROL,
     PRIORITY_DATA,
     TIER_SPEECH,
@@ -65,6 +67,13 @@ from bargein.wire.names import (
 log = logging.getLogger("bargein.transport.amqp")
 
 CONTENT_TYPE = "application/msgpack"
+RECONNECT_INTERVAL_S = 1.0
+# what a publish raises when the broker went away under it
+BROKER_GONE = (
+    aio_pika.exceptions.ChannelInvalidStateError,
+    aio_pika.exceptions.AMQPConnectionError,
+    ConnectionError,
+)
 DEAD_QUEUE_MAX = 10_000  # dead letters kept, the oldest dropped first ...
 DEAD_QUEUE_MAX_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes of them
 DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its size is in a header)
@@ -134,9 +143,11 @@ class AmqpTransport(Transport):
         audio_mailbox_frames: int = 500,
         name: str = "bargein",
         heartbeat_s: int = 10,
+        broker_wait_s: float = 15.0,
     ) -> None:
         self.url = url
         self.heartbeat_s = heartbeat_s
+        self.broker_wait_s = broker_wait_s
         self.max_message_bytes = max_message_bytes
         self.mailbox_expiry_ms = mailbox_expiry_ms
         self.audio_mailbox_frames = audio_mailbox_frames
@@ -152,6 +163,8 @@ class AmqpTransport(Transport):
         self._dead: AbstractExchange | None = None
         self._audio_channel: AbstractRobustChannel | None = None
         self._audio: AbstractExchange | None = None
+        self._usable = asyncio.Event()
+        self._recovering_until = 0.0  # until then, an unroutable message is tried again
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:
@@ -161,10 +174,18 @@ class AmqpTransport(Transport):
 
     async def start(self) -> None:
         # a short heartbeat: the broker hands a frozen process's unacknowledged message back soon
+        # a reconnect every second while the broker is away (aio-pika's default waits 5 s)
         self._connection = await aio_pika.connect_robust(
-            self.url, client_properties={"connection_name": self.name}, heartbeat=self.heartbeat_s
+            self.url,
+            client_properties={"connection_name": self.name},
+            heartbeat=self.heartbeat_s,
+            reconnect_interval=RECONNECT_INTERVAL_S,
         )
-        self._data = await self._connection.channel(publisher_confirms=True)
+        # usable = connected *and* every channel restored: aio-pika marks the connection connected
+        # before it reopens the channels, and a publish in between fails
+        self._connection.close_callbacks.add(lambda *_: self._usable.clear())
+        self._connection.reconnect_callbacks.add(self._on_reconnected)
+        self._data = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._control = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._consume = await self._connection.channel(publisher_confirms=False)
         await self._consume.set_qos(prefetch_count=1)  # per consumer: control is never stuck behind data
@@ -184,7 +205,14 @@ class AmqpTransport(Transport):
             DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
         )
         await self._declare_dead_queue()
+        self._usable.set()
         log.info("connected to RabbitMQ as %r; topology declared", self.name)
+
+    def _on_reconnected(self, *_: object) -> None:
+        self._recovering_until = time.monotonic() + self.broker_wait_s
+        self._usable.set()
+        self.counters["reconnects"] += 1
+        log.info("reconnected to RabbitMQ as %r; channels and consumers restored", self.name)
 
     async def _declare_dead_queue(self) -> None:
         """The dead-letter queue, bounded in length and bytes. One declared by an older bargein with
@@ -208,7 +236,9 @@ class AmqpTransport(Transport):
 
     @property
     def connected(self) -> bool:
-        return self._connection is not None and not self._connection.is_closed
+        """Usable now (a robust connection that is reconnecting is not: the broker is away)."""
+        connection = self._connection
+        return connection is not None and not connection.is_closed and self._usable.is_set()
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -223,32 +253,87 @@ class AmqpTransport(Transport):
     # --- publishing ------------------------------------------------------------------------------
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
+        """While the broker is away (a restart), wait for it to come back, up to ``broker_wait_s``
+        (audio, worthless by then, does not wait); then :class:`BrokerUnavailable`. Events toward
+        the agent are persistent: what waits in a mailbox survives a broker restart. For a while
+        after a reconnect, a message that reaches no queue is tried again: the other processes'
+        queues (an edge's is exclusive) come back at their own pace, and output published before
+        its edge is back would be lost."""
         key = routing_key(envelope.session, direction, envelope.type)
         if envelope.lane == "audio":
             await self.publish_audio(key, encode(envelope))
-        else:
-            await self.publish_raw(key, encode(envelope), control=envelope.control)
+            return
+        body = encode(envelope)
+        persistent = direction == IN
+        try:
+            async with asyncio.timeout(self.broker_wait_s):
+                while True:
+                    if not self.connected:
+                        self.counters["publishes_waiting_for_broker"] += 1
+                        await self._usable.wait()
+                    recovering = time.monotonic() < self._recovering_until
+                    try:
+                        await self.publish_raw(
+                            key,
+                            body,
+                            control=envelope.control,
+                            persistent=persistent,
+                            mandatory=envelope.control or recovering,
+                        )
+                        return
+                    except BROKER_GONE:  # it went away between the check and the publish
+                        pass
+                    except UnroutableError:
+                        if not recovering:
+                            raise
+                        self.counters["republished_after_reconnect"] += 1
+                    await asyncio.sleep(RECONNECT_INTERVAL_S / 10)
+        except TimeoutError:
+            self.counters["publishes_unavailable"] += 1
+            raise BrokerUnavailable(f"RabbitMQ did not come back within {self.broker_wait_s:.0f} s") from None
 
     async def publish_audio(self, key: str, body: bytes) -> None:
         """Audio is transient and high-rate: no confirms to wait for, and old audio is worthless
-        anyway (speech mailboxes drop their oldest frames when full)."""
+        anyway (speech mailboxes drop their oldest frames when full), so it is dropped, not held,
+        while the broker is away."""
         message = aio_pika.Message(body, content_type=CONTENT_TYPE)
-        await self._need(self._audio).publish(message, key, mandatory=False)
+        try:
+            if not self.connected:
+                raise aio_pika.exceptions.ChannelInvalidStateError("the broker is away")
+            await self._need(self._audio).publish(message, key, mandatory=False)
+        except BROKER_GONE:
+            self.counters["audio_dropped_broker_away"] += 1
+            raise BrokerUnavailable("RabbitMQ is away; audio is not kept") from None
         self.counters["published_audio"] += 1
 
-    async def publish_raw(self, key: str, body: bytes, *, control: bool = False) -> None:
-        """Publish bytes as they are (the codec's output, or a malformed message in tests)."""
+    async def publish_raw(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        control: bool = False,
+        persistent: bool = False,
+        mandatory: bool | None = None,
+    ) -> None:
+        """Publish bytes as they are (the codec's output, or a malformed message in tests).
+        ``mandatory`` (default: control only) raises :class:`UnroutableError` if no queue took it."""
+        if mandatory is None:
+            mandatory = control
         message = aio_pika.Message(
-            body, content_type=CONTENT_TYPE, priority=PRIORITY_CONTROL if control else PRIORITY_DATA
+            body,
+            content_type=CONTENT_TYPE,
+            priority=PRIORITY_CONTROL if control else PRIORITY_DATA,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+            if persistent
+            else aio_pika.DeliveryMode.NOT_PERSISTENT,
         )
-        if control:
-            try:
-                await self._need(self._events_control).publish(message, key, mandatory=True)
-            except DeliveryError as exc:
-                self.counters["unroutable_control"] += 1
-                raise UnroutableError(f"control message {key} reached no queue") from exc
-        else:
-            await self._need(self._events_data).publish(message, key, mandatory=False)
+        exchange = self._need(self._events_control if control else self._events_data)
+        try:
+            await exchange.publish(message, key, mandatory=mandatory)
+        except DeliveryError as exc:
+            lane = "control" if control else "data"
+            self.counters[f"unroutable_{lane}"] += 1
+            raise UnroutableError(f"{lane} message {key} reached no queue") from exc
         self.counters["published"] += 1
 
     # --- mailboxes -------------------------------------------------------------------------------

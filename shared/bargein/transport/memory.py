@@ -26,6 +26,7 @@ from bargein.transport.abc import (
     EdgeQueue,
     Handler,
     Heartbeat,
+    Renewal,
     StartHandler,
     StateStore,
     Subscription,
@@ -357,12 +358,20 @@ class MemoryStateStore(StateStore):
         self._leases[key] = _Lease(owner, self._epochs[key], now + ttl_ms / 1000)
         return self._epochs[key]
 
-    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
-        lease = self._leases.get((tier, session))
-        if lease is None or lease.owner != owner or lease.epoch != epoch or lease.expires <= time.monotonic():
-            return False
-        lease.expires = time.monotonic() + ttl_ms / 1000
-        return True
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> Renewal:
+        key = (tier, session)
+        now = time.monotonic()
+        lease = self._leases.get(key)
+        if lease is not None and lease.expires > now:
+            if lease.owner != owner or lease.epoch != epoch:
+                return Renewal.LOST
+            lease.expires = now + ttl_ms / 1000
+            return Renewal.RENEWED
+        if self._epochs[key] > epoch:  # it lapsed, and a later owner was handed a later epoch
+            return Renewal.LOST
+        self._epochs[key] = epoch
+        self._leases[key] = _Lease(owner, epoch, now + ttl_ms / 1000)
+        return Renewal.RESTORED
 
     async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None:
         lease = self._leases.get((tier, session))

@@ -41,13 +41,14 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Final
 
 import redis
 import redis.asyncio as aioredis
 
 from bargein.errors import StaleEpochError
-from bargein.transport.abc import Heartbeat, StateStore
+from bargein.transport.abc import Heartbeat, Renewal, StateStore
 from bargein.wire.names import (
     Tier,
     epoch_key,
@@ -102,16 +103,31 @@ return epoch
 """
 )
 
-# KEYS: lease, epoch. ARGV: token (owner:epoch), lease ttl ms, epoch ttl ms. Returns 1 if renewed.
+# KEYS: lease, epoch. ARGV: token (owner:epoch), lease ttl ms, epoch ttl ms, epoch.
+# Returns 1 if renewed; 2 if the lease was gone and no later epoch was handed out, so it (and the
+# counter) is set again: Redis lost it, or it lapsed unclaimed; 0 if it is lost.
 _RENEW = (
     _EXTEND
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  extend(KEYS[2], ARGV[3])
+  return 1
+end
+if held then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-extend(KEYS[2], ARGV[3])
-return 1
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+if counter > tonumber(ARGV[4]) then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[4])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
 """
 )
 
@@ -229,13 +245,24 @@ class RedisStateStore(StateStore):
         )
         return None if epoch is None else int(epoch)
 
-    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> bool:
+    async def renew_lease(self, tier: Tier, session: str, owner: str, epoch: int, ttl_ms: int) -> Renewal:
+        return (await self.renew_leases(tier, owner, {session: epoch}, ttl_ms))[session]
+
+    async def renew_leases(
+        self, tier: Tier, owner: str, leases: Mapping[str, int], ttl_ms: int
+    ) -> dict[str, Renewal]:
+        """One pipeline for all of them (the scripts are sent again if Redis forgot them)."""
         _check_ttl(ttl_ms)
-        renewed = await self._renew(
-            keys=[lease_key(tier, session), epoch_key(tier, session)],
-            args=[_token(owner, epoch), ttl_ms, self._epoch_ttl(ttl_ms)],
-        )
-        return bool(renewed)
+        sessions = list(leases)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for session in sessions:
+                await self._renew(
+                    keys=[lease_key(tier, session), epoch_key(tier, session)],
+                    args=[_token(owner, leases[session]), ttl_ms, self._epoch_ttl(ttl_ms), leases[session]],
+                    client=pipe,
+                )
+            results = await pipe.execute()
+        return {session: Renewal(int(result)) for session, result in zip(sessions, results, strict=True)}
 
     async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None:
         await self._release(keys=[lease_key(tier, session)], args=[_token(owner, epoch)])
