@@ -95,3 +95,18 @@ def test_manifest_is_whole(doc: dict[str, Any]) -> None:
                         assert source["configMapRef"]["name"] in configmaps
                     else:
                         assert source["secretRef"]["name"] in secrets
+
+
+def test_compose_keeps_broker_and_redis_state_across_restarts() -> None:
+    """What the Redis-restart fault test proves with AOF holds only if compose runs Redis that way."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    redis = services["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert any(v.endswith(":/var/lib/rabbitmq") for v in services["rabbitmq"]["volumes"])
+    redis_k8s = next(
+        d for d in _manifests() if d["kind"] == "Deployment" and d["metadata"]["name"] == "redis"
+    )
+    args = redis_k8s["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"

@@ -79,6 +79,7 @@ class _Owned:
     info: SessionInfo
     runtime: SessionProcessor
     subscription: Subscription
+    records_lost: bool = False  # Redis lost them; written back at each renewal until that works
 
 
 class _NoSubscription(Subscription):
@@ -272,6 +273,12 @@ class SessionHost:
             return
         owned.runtime.lease_deadline = self._deadline(asked_at)
         if result is Renewal.RESTORED:
+            log.warning(
+                "session %s: its lease was gone from Redis; taken again, writing its records back",
+                session_id,
+            )
+            owned.records_lost = True
+        if owned.records_lost:
             await self._restore_records(session_id, owned)
         if not owned.subscription.alive:  # the broker cancelled it, or the connection came back
             await self._resubscribe(session_id, owned)
@@ -287,13 +294,11 @@ class SessionHost:
         """Redis lost this session's lease (a restart without persistence): it has the lease and the
         epoch again; write back the rest it needs (the directory entry, so the session can be found
         and adopted; our record of owning it; the checkpoint)."""
-        log.warning(
-            "session %s: its lease was gone from Redis; taken again, writing its records back", session_id
-        )
         try:
             await self.store.register_session(self.tier, session_id, owned.info.encode())
             await self.store.note_owned(self.tier, self.owner, session_id, True)
             await owned.runtime.checkpoint()
+            owned.records_lost = False
         except Exception as exc:
             log.warning(
                 "session %s: writing its records back failed (%s); next renewal retries", session_id, exc
