@@ -47,7 +47,12 @@ class InvalidEnvelope(EnvelopeError):
 
 
 class BrokerUnavailable(BargeinError):
-    """The broker could not be reached within the time a publisher waits for it to come back."""
+    """The broker could not take a message within the time a publisher waits: it was away (a
+    restart), or a queue on the way stayed full (its consumer overloaded)."""
+
+
+class QueueFull(BargeinError):
+    """The broker refused a message because a queue it goes to is at its length limit."""
 
 
 class UnroutableError(BargeinError):

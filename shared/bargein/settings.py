@@ -90,6 +90,16 @@ class BrokerSettings(_Base):
     audio_mailbox_frames: int = Field(
         default=500, ge=10, description="Audio frames a speech mailbox holds before dropping the oldest."
     )
+    overload_lag_ms: float = Field(
+        default=500,
+        gt=0,
+        description="Event-loop lateness beyond which a service is overloaded and takes no new sessions.",
+    )
+    queue_max_messages: int = Field(
+        default=10_000,
+        ge=10,
+        description="Messages a mailbox or edge queue holds; when full, publishers wait (backpressure).",
+    )
     session_idle_s: float = Field(
         default=1800,
         gt=0,
@@ -135,6 +145,23 @@ class BroadcastSettings(_Base):
     report_interval_ms: float = Field(default=50, ge=0, description="How often delivery is reported back.")
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1024, le=16 * 1024 * 1024, description="Largest HTTP request body."
+    )
+    edge_prefetch: int = Field(
+        default=200, ge=1, le=10_000, description="Chunks the edge takes from RabbitMQ ahead of handling."
+    )
+    overload_backlog: int = Field(
+        default=2_000,
+        ge=1,
+        description="Chunks waiting for this edge beyond which it is overloaded (not ready).",
+    )
+    client_messages_per_s: float = Field(
+        default=10, gt=0, description="Texts, stops and hang-ups one connection may send per second..."
+    )
+    client_burst: int = Field(
+        default=40, ge=1, description="... and at once; more are refused (rate_limited)."
+    )
+    client_audio_realtime: float = Field(
+        default=2.0, ge=1, description="Audio one connection may send, as a multiple of real time."
     )
 
 

@@ -16,6 +16,7 @@ from bargein.transport.memory import MemoryBroker, MemoryTransport
 from bargein.wire.names import DEAD_QUEUE, DEAD_REASON_HEADER, EVENTS_EXCHANGE, Direction, routing_key
 
 AUDIO_FRAMES = 20  # speech mailboxes keep this many frames in the suite
+QUEUE_MAX = 60  # other mailboxes and edge queues hold this many, then hold their publishers back
 T = 10.0  # generous: the machines are shared
 
 
@@ -26,8 +27,9 @@ class Bus(ABC):
         self.transports: list[Transport] = []
 
     @abstractmethod
-    async def transport(self) -> Transport:
-        """A new transport (a new process, as far as the broker can tell)."""
+    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
+        """A new transport (a new process, as far as the broker can tell); a publisher waits up to
+        ``broker_wait_s`` for room in a full queue."""
 
     @abstractmethod
     async def publish_raw(self, session: str, direction: Direction, event_name: str, body: bytes) -> None:
@@ -48,8 +50,13 @@ class MemoryBus(Bus):
         super().__init__()
         self.broker = MemoryBroker()
 
-    async def transport(self) -> Transport:
-        transport = MemoryTransport(self.broker, audio_mailbox_frames=AUDIO_FRAMES)
+    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
+        transport = MemoryTransport(
+            self.broker,
+            audio_mailbox_frames=AUDIO_FRAMES,
+            queue_max_messages=QUEUE_MAX,
+            broker_wait_s=broker_wait_s,
+        )
         self.transports.append(transport)
         return transport
 
@@ -70,9 +77,14 @@ class RabbitBus(Bus):
         super().__init__()
         self.url = url
 
-    async def transport(self) -> Transport:
+    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
         transport = await AmqpTransport.connect(
-            self.url, audio_mailbox_frames=AUDIO_FRAMES, mailbox_expiry_ms=120_000, name="contract-test"
+            self.url,
+            audio_mailbox_frames=AUDIO_FRAMES,
+            queue_max_messages=QUEUE_MAX,
+            broker_wait_s=broker_wait_s,
+            mailbox_expiry_ms=120_000,
+            name="contract-test",
         )
         self.transports.append(transport)
         return transport

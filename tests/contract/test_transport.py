@@ -4,8 +4,10 @@ What the runtime builds on: a session's mailbox gets that session's events of on
 publish order, one at a time, except that control overtakes data still waiting; it outlives its
 consumer, so what arrives during a failover waits; nothing that fails to decode (or belongs to
 another session) ever reaches a handler, and a handler's failure costs only that message; an
-interrupt nobody would receive is an error; audio mailboxes keep only the newest frames; an edge
-queue hears exactly the sessions added to it; session starts go to a worker with room.
+interrupt nobody would receive is an error; audio mailboxes keep only the newest frames; other
+queues are bounded and hold their publishers back when full (backpressure), saying so aloud if that
+lasts; an edge queue hears exactly the sessions added to it, and its control is never stuck behind
+its data; session starts go to a worker with room.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from bargein import (
     UserStartedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.errors import NotOwner, UnroutableError
+from bargein.errors import BrokerUnavailable, NotOwner, UnroutableError
 from bargein.wire.envelope import Envelope, encode
 from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH, mailbox_queue
 
-from .harness import AUDIO_FRAMES, Bus, T, until
+from .harness import AUDIO_FRAMES, QUEUE_MAX, Bus, T, until
 
 Session = Callable[[str], str]
 Seen = list[tuple[Envelope, Event]]
@@ -190,8 +192,10 @@ async def test_speech_mailboxes_keep_only_the_newest_audio_and_hear_the_hang_up(
     last = AUDIO_FRAMES + 14
     # audio and events travel on lanes of their own, in no promised order between them
     await until(
-        lambda: any(isinstance(e, EndCall) for _, e in seen)
-        and any(env.seq == last for env, e in seen if isinstance(e, AudioFrame))
+        lambda: (
+            any(isinstance(e, EndCall) for _, e in seen)
+            and any(env.seq == last for env, e in seen if isinstance(e, AudioFrame))
+        )
     )
     frames = [env.seq for env, event in seen if isinstance(event, AudioFrame)]
     assert frames == list(range(16, AUDIO_FRAMES + 15))  # the oldest were dropped for the rest
@@ -200,7 +204,7 @@ async def test_speech_mailboxes_keep_only_the_newest_audio_and_hear_the_hang_up(
 async def test_an_edge_queue_hears_the_sessions_added_to_it_until_removed(bus: Bus, session: Session) -> None:
     s, other = session("edge"), session("not-mine")
     edge, publisher, seen = await bus.transport(), await bus.transport(), []
-    queue = await edge.open_edge_queue(f"bargein.edge.{s}", recorder(seen))
+    queue = await edge.open_edge_queue(f"edge-{s}", recorder(seen))
     await queue.add_session(s)
     await publisher.declare_mailbox(s, TIER_REASONING, IN)  # so the caller-side events route somewhere
     await publisher.publish(Envelope.wrap(s, AgentResponse(content="output"), turn=1), OUT)
@@ -277,3 +281,55 @@ async def test_a_handler_that_is_not_the_owner_puts_the_message_back_and_stops(
     assert current.alive
     await current.cancel()
     assert not current.alive
+
+
+async def test_a_full_mailbox_holds_its_publisher_back_until_there_is_room(
+    bus: Bus, session: Session
+) -> None:
+    s = session("full")
+    publisher = await bus.transport()
+    await publisher.declare_mailbox(s, TIER_REASONING, IN)
+    for i in range(QUEUE_MAX):
+        await publisher.publish(Envelope.wrap(s, text(i), seq=i), IN)
+    one_more = asyncio.create_task(publisher.publish(Envelope.wrap(s, text("one more")), IN))
+    await asyncio.sleep(0.5)
+    assert not one_more.done()  # held back: neither dropped nor queued past the bound
+    consumer, seen = await bus.transport(), []
+    await consumer.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await asyncio.wait_for(one_more, T)
+    await until(lambda: len(seen) == QUEUE_MAX + 1)
+    assert contents(seen) == [*(str(i) for i in range(QUEUE_MAX)), "one more"]
+
+
+async def test_a_queue_that_stays_full_is_reported_not_lost_in_silence(bus: Bus, session: Session) -> None:
+    s = session("stuck")
+    publisher = await bus.transport(broker_wait_s=0.5)
+    await publisher.declare_mailbox(s, TIER_REASONING, IN)
+    for i in range(QUEUE_MAX):
+        await publisher.publish(Envelope.wrap(s, text(i), seq=i), IN)
+    with pytest.raises(BrokerUnavailable, match="full"):
+        await publisher.publish(Envelope.wrap(s, text("nobody reads this mailbox")), IN)
+
+
+async def test_an_edge_queues_control_passes_while_its_data_is_stuck(bus: Bus, session: Session) -> None:
+    """The edge's data may be far behind (a burst of chunks, a slow handler); an interrupt must not
+    wait behind it, or the caller hears what they talked over."""
+    s = session("edge-busy")
+    edge, publisher = await bus.transport(), await bus.transport()
+    stuck, seen = asyncio.Event(), []
+
+    async def handle(envelope: Envelope, event: Event) -> None:
+        if isinstance(event, AgentResponse):
+            await stuck.wait()  # a data handler that cannot keep up
+        seen.append((envelope, event))
+
+    queue = await edge.open_edge_queue(f"edge-{s}", handle)
+    await queue.add_session(s)
+    for i in range(QUEUE_MAX // 2):
+        await publisher.publish(Envelope.wrap(s, AgentResponse(content=str(i)), turn=1, seq=i), OUT)
+    await publisher.publish(Envelope.wrap(s, TurnInterrupted(turn=1), turn=1), OUT)
+    await until(lambda: contents(seen) == ["TurnInterrupted"])
+    stuck.set()
+    await until(lambda: len(seen) == QUEUE_MAX // 2 + 1)
+    assert contents(seen)[1:] == [str(i) for i in range(QUEUE_MAX // 2)]  # and then comes in order
+    await queue.cancel()

@@ -13,6 +13,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.errors import StaleEpochError
+from bargein.transport.abc import Renewal
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
 
@@ -304,5 +305,24 @@ async def test_connection_errors_propagate() -> None:
             await store.acquire_lease(TIER, "nobody", "worker-a", LONG_TTL_MS)
         with pytest.raises(RedisConnectionError):
             await store.orphaned_sessions(TIER)
+    finally:
+        await store.close()
+
+
+async def test_a_thousand_leases_renew_in_one_go_while_a_small_pool_is_busy(
+    redis_url: str, new_session: SessionFactory
+) -> None:
+    """1,000 sessions in one reasoning process: measured before, renewals failed with "Too many
+    connections" (redis-py's default pool fails at once when full, and each renewal took one)."""
+    store = RedisStateStore.from_url(redis_url, pool_size=4, timeout_s=10)
+    try:
+        sessions = [new_session(f"k{i}") for i in range(1000)]
+        epochs = await asyncio.gather(*(store.acquire_lease(TIER, s, "w", LONG_TTL_MS) for s in sessions))
+        leases = {s: e for s, e in zip(sessions, epochs, strict=True) if e is not None}
+        assert len(leases) == 1000
+        others = [store.save_state(TIER, s, leases[s], b"checkpoint", LONG_TTL_MS) for s in sessions[:300]]
+        renewed, *_ = await asyncio.gather(store.renew_leases(TIER, "w", leases, LONG_TTL_MS), *others)
+        assert set(renewed.values()) == {Renewal.RENEWED}
+        assert len(renewed) == 1000
     finally:
         await store.close()

@@ -77,6 +77,14 @@ def create_app(
         except ProtocolError as exc:
             edge.count("bad_requests")
             return _bad_request(exc.message)
+        if edge.overloaded:  # new callers go to another edge (or come back in a moment)
+            edge.count("sessions_refused_overloaded")
+            message = "this edge is overloaded; try again shortly"
+            return JSONResponse(
+                {"error": {"code": ErrorCode.OVERLOADED, "message": message}},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
         session_id = await edge.create_session(body.agent_options, body.turn_taking)
         base = public_url or str(request.base_url).rstrip("/")
         ws_base = base.replace("https://", "wss://").replace("http://", "ws://")
@@ -146,7 +154,7 @@ def create_app(
             with tracing.span(
                 f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
             ):
-                await edge.client_message(connection, message)
+                return await edge.client_message(connection, message)
         except BrokerUnavailable as exc:  # said aloud, never lost in silence; the socket stays open
             edge.count("unavailable")
             return ErrorFrame(code=ErrorCode.UNAVAILABLE, message=f"{exc}; say it again shortly")

@@ -39,6 +39,7 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
+from bargein.edge.limits import ClientLimits
 from bargein.edge.protocol import (
     TURN_FRAMES,
     AgentChunk,
@@ -57,13 +58,14 @@ from bargein.edge.protocol import (
 )
 from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
+from bargein.hosting.load import LoopLag
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.settings import BroadcastSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
-from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, edge_queue
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.edge")
@@ -73,6 +75,7 @@ CLOSE_SLOW = 1013
 CLOSE_GOING_AWAY = 1001
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
 IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
+BACKLOG_INTERVAL_S = 0.5
 
 
 def _turn_of(frame: Frame) -> int:
@@ -115,13 +118,20 @@ class Outbox:
 
 class Connection:
     def __init__(
-        self, ws: WebSocket, session: EdgeSession, role: Role, reports_played: bool, limit: int
+        self,
+        ws: WebSocket,
+        session: EdgeSession,
+        role: Role,
+        reports_played: bool,
+        limit: int,
+        limits: ClientLimits,
     ) -> None:
         self.ws = ws
         self.session = session
         self.role = role
         self.reports_played = reports_played
         self.outbox = Outbox(limit)
+        self.limits = limits
         self.closed = False
         self.told_unavailable = False  # one `unavailable` frame per outage for dropped audio
         self.writer: asyncio.Task[None] | None = None
@@ -253,12 +263,15 @@ class Edge:
         *,
         owner: str,
         max_frame_bytes: int,
+        overload_lag_ms: float = 500.0,
     ) -> None:
         self.transport = transport
         self.store = store
         self.settings = settings
         self.owner = owner
         self.max_frame_bytes = max_frame_bytes
+        self.load = LoopLag(overload_lag_ms, name=f"edge {owner}")
+        self.backlog = 0  # chunks waiting for this process in the broker, as last asked
         self.sessions: dict[str, EdgeSession] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self.queue: EdgeQueue | None = None
@@ -278,11 +291,19 @@ class Edge:
     def consuming(self) -> bool:
         return self.queue is not None
 
+    @property
+    def overloaded(self) -> bool:
+        """Behind on its queue, or its event loop running late: it takes no new sessions (and says
+        it is not ready) until it has caught up; its sessions keep running."""
+        return self.backlog > self.settings.overload_backlog or self.load.overloaded
+
     async def start(self) -> None:
-        self.queue = await self.transport.open_edge_queue(edge_queue(self.owner), self.on_event)
+        self.queue = await self.transport.open_edge_queue(self.owner, self.on_event)
+        self.load.start()
         self._tasks = [
             asyncio.create_task(self._report_loop(), name="edge-reports"),
             asyncio.create_task(self._housekeeping(), name="edge-housekeeping"),
+            asyncio.create_task(self._backlog_loop(), name="edge-backlog"),
         ]
 
     async def stop(self) -> None:
@@ -290,6 +311,7 @@ class Edge:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.load.stop()
         for session in list(self.sessions.values()):
             for connection in list(session.connections):
                 await connection.close(
@@ -328,7 +350,8 @@ class Edge:
 
     async def join(self, session_id: str, ws: WebSocket, role: Role, reports_played: bool) -> Connection:
         session = await self._track(session_id)
-        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer)
+        limits = ClientLimits(self.settings, self.max_frame_bytes)
+        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer, limits)
         connection.start()
         session.attach(connection)
         self.count("connections")
@@ -458,6 +481,8 @@ class Edge:
         if len(data) % SAMPLE_WIDTH:
             self.count("bad_frames")
             return ErrorFrame(code=ErrorCode.BAD_AUDIO_FRAME, message="audio must be whole PCM16 samples")
+        if not await connection.limits.audio(len(data)):
+            return self._rate_limited(connection, "audio faster than real time allows")
         try:
             await self._publish(connection.session.session_id, AudioFrame(data=data))
         except BrokerUnavailable as exc:
@@ -470,11 +495,25 @@ class Edge:
         connection.told_unavailable = False
         return None
 
+    def _rate_limited(self, connection: Connection, what: str) -> ErrorFrame | None:
+        self.count("rate_limited")
+        if not connection.limits.should_tell():
+            return None
+        log.warning(
+            "session %s: a client sends %s; dropping what is over its budget (rate_limited)",
+            connection.session.session_id,
+            what,
+        )
+        return ErrorFrame(code=ErrorCode.RATE_LIMITED, message=f"{what}; this was dropped, slow down")
+
     async def client_message(
         self, connection: Connection, message: TextTurn | Played | Interrupt | End
-    ) -> None:
+    ) -> ErrorFrame | None:
+        """Returns an error frame for the client, or None."""
         session = connection.session
         sid = session.session_id
+        if not isinstance(message, Played) and not await connection.limits.message():
+            return self._rate_limited(connection, "too many messages")
         if isinstance(message, TextTurn):
             await self._publish(sid, UserStartedSpeaking())
             await self._publish(sid, UserTranscriptionReceived(content=message.text))
@@ -490,6 +529,7 @@ class Edge:
         elif isinstance(message, End):
             await self._publish(sid, EndCall(reason="the caller hung up"))
             await self._end(session, "caller")
+        return None
 
     # --- background ------------------------------------------------------------------------------
 
@@ -503,6 +543,25 @@ class Edge:
                     with contextlib.suppress(Exception):
                         await self._publish(session.session_id, SpeechDelivered(turn=turn, seq=seq))
 
+    async def _backlog_loop(self) -> None:
+        """Ask the broker how far behind this process is, twice a second."""
+        behind = False
+        while True:
+            await asyncio.sleep(BACKLOG_INTERVAL_S)
+            if self.queue is None:
+                continue
+            try:
+                self.backlog = await self.queue.backlog()
+            except Exception as exc:  # the broker is away: readiness says so already
+                log.debug("cannot ask for the backlog: %s", exc)
+                continue
+            if (self.backlog > self.settings.overload_backlog) != behind:
+                behind = not behind
+                if behind:
+                    log.warning("edge %s overloaded: %d chunks wait for it", self.owner, self.backlog)
+                else:
+                    log.info("edge %s caught up (%d chunks wait)", self.owner, self.backlog)
+
     async def _housekeeping(self) -> None:
         while True:
             await asyncio.sleep(5)
@@ -511,9 +570,11 @@ class Edge:
                 if session.idle_since is not None and now - session.idle_since > IDLE_FORGET_S:
                     await self._forget(session.session_id)
             log.info(
-                "edge %s: %d sessions, %d connections, %s",
+                "edge %s: %d sessions, %d connections, backlog %d, loop lag %.0f ms, %s",
                 self.owner,
                 len(self.sessions),
                 sum(len(s.connections) for s in self.sessions.values()),
+                self.backlog,
+                self.load.lag_ms,
                 dict(self.counters),
             )

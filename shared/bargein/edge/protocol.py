@@ -122,6 +122,8 @@ class ErrorCode:
     SLOW_CLIENT: Final = "slow_client"
     SHUTTING_DOWN: Final = "shutting_down"
     UNAVAILABLE: Final = "unavailable"
+    RATE_LIMITED: Final = "rate_limited"
+    OVERLOADED: Final = "overloaded"
     AGENT_ERROR: Final = "agent_error"
 
     FATAL: Final = frozenset({INVALID_TOKEN, UNKNOWN_SESSION, SLOW_CLIENT, SHUTTING_DOWN})

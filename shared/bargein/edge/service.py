@@ -35,19 +35,18 @@ async def serve(
     owner = f"edge-{default_owner_id()}"
     if edge_settings.edge_secret == DEFAULT_EDGE_SECRET:
         log.warning("BARGEIN_EDGE_SECRET is the development default: set your own before exposing the edge")
-    transport = await AmqpTransport.connect(
-        broker.rabbitmq_url,
-        max_message_bytes=core.max_message_bytes,
-        name=owner,
-        mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
-        audio_mailbox_frames=broker.audio_mailbox_frames,
-        heartbeat_s=broker.rabbitmq_heartbeat_s,
-        broker_wait_s=broker.broker_wait_s,
+    transport = await AmqpTransport.from_settings(
+        core, broker, name=owner, edge_prefetch=edge_settings.edge_prefetch
     )
-    store = RedisStateStore.from_url(
-        broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s
+    store = RedisStateStore.from_settings(broker)
+    edge = Edge(
+        transport,
+        store,
+        edge_settings,
+        owner=owner,
+        max_frame_bytes=speech.max_frame_bytes,
+        overload_lag_ms=broker.overload_lag_ms,
     )
-    edge = Edge(transport, store, edge_settings, owner=owner, max_frame_bytes=speech.max_frame_bytes)
 
     async def ready() -> list[str]:
         problems = []
@@ -59,6 +58,8 @@ async def serve(
             problems.append("redis")
         if not edge.consuming:
             problems.append("consumer")
+        if edge.overloaded:
+            problems.append("overloaded")
         return problems
 
     app = create_app(

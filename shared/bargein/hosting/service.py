@@ -40,18 +40,8 @@ def reasoning_factory(core: CoreSettings) -> ProcessorFactory:
 async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: BrokerSettings) -> None:
     factory = build(core)
     owner = f"{tier}-{default_owner_id()}"
-    transport = await AmqpTransport.connect(
-        broker.rabbitmq_url,
-        max_message_bytes=core.max_message_bytes,
-        mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
-        audio_mailbox_frames=broker.audio_mailbox_frames,
-        heartbeat_s=broker.rabbitmq_heartbeat_s,
-        broker_wait_s=broker.broker_wait_s,
-        name=owner,
-    )
-    store = RedisStateStore.from_url(
-        broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s
-    )
+    transport = await AmqpTransport.from_settings(core, broker, name=owner)
+    store = RedisStateStore.from_settings(broker)
     host = SessionHost(
         transport,
         store,
@@ -69,6 +59,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         status_interval_s=broker.status_interval_s,
         drain_timeout_s=broker.drain_timeout_s,
         liveness_ttl_ms=broker.liveness_ttl_ms,
+        overload_lag_ms=broker.overload_lag_ms,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from bargein.errors import EnvelopeError
 from bargein.hosting.host import SessionHost, SessionTaken
+from bargein.hosting.load import LoopLag
 from bargein.transport.abc import Subscription
 from bargein.wire.session_info import SessionInfo
 
@@ -32,8 +33,10 @@ class Worker:
         status_interval_s: float = 1.0,
         drain_timeout_s: float = 10.0,
         liveness_ttl_ms: int = 1000,
+        overload_lag_ms: float = 500.0,
     ) -> None:
         self.host = host
+        self.load = LoopLag(overload_lag_ms, name=f"{host.tier} worker {host.owner}")
         self.liveness_ttl_ms = liveness_ttl_ms
         self.max_sessions = max_sessions
         self.adopt_interval_s = adopt_interval_s
@@ -42,6 +45,7 @@ class Worker:
         self.draining = False
         self.adopted = 0
         self.started = 0
+        self.refused_starts = 0  # offered while full or overloaded: left for another worker
         self._starts: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -49,9 +53,16 @@ class Worker:
     def room(self) -> int:
         return 0 if self.draining else self.max_sessions - len(self.host.sessions)
 
+    @property
+    def takes_new_sessions(self) -> bool:
+        """New sessions go to a worker with room that keeps up. An overloaded one still adopts a
+        dead worker's sessions: those calls exist already and have nowhere else to wait."""
+        return self.room > 0 and not self.load.overloaded
+
     async def start(self) -> None:
         tier = self.host.tier
         self.host.keep_alive(self.liveness_ttl_ms)
+        self.load.start()
         self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
         self._tasks = [
             asyncio.create_task(self._adopt_loop(), name=f"adopt:{tier}"),
@@ -64,7 +75,8 @@ class Worker:
         info = SessionInfo.decode(raw)
         if info.session_id in self.host.sessions:
             return True
-        if self.room <= 0:
+        if not self.takes_new_sessions:
+            self.refused_starts += 1
             return False
         try:
             await self.host.open(info)
@@ -175,6 +187,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.load.stop()
 
     async def abandon(self) -> None:
         """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""

@@ -44,13 +44,20 @@ class EdgeQueue(Subscription):
     @abstractmethod
     async def remove_session(self, session: str) -> None: ...
 
+    @abstractmethod
+    async def backlog(self) -> int:
+        """How many data messages wait for this edge process in the broker (not counting the few it
+        has taken ahead, up to its prefetch): how far behind it is."""
+
 
 class Transport(ABC):
     @abstractmethod
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         """Route ``envelope`` to every mailbox bound to its session and direction. Control events
         (``Event.control``) overtake data waiting in the broker; one that no queue would receive
-        raises :class:`~bargein.errors.UnroutableError` (data is allowed to go nowhere)."""
+        raises :class:`~bargein.errors.UnroutableError` (data is allowed to go nowhere). While a
+        queue it goes to is full, or the broker is away, it waits (up to a bound set by the
+        implementation), then raises :class:`~bargein.errors.BrokerUnavailable`."""
 
     @abstractmethod
     async def open_mailbox(
@@ -67,10 +74,12 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
-        """A queue of this process's own (gone when the process is), consumed in order, that hears
-        the sessions added to it (:func:`bargein.wire.names.edge_bindings`). Every broadcast process has
-        one, so each gets the whole output of the sessions it has clients for."""
+    async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
+        """Queues of the process ``owner``'s own (gone when the process is), consumed in order, that
+        hear the sessions added to them (:func:`bargein.wire.names.edge_bindings`); control
+        overtakes the data still waiting. Every broadcast process has them, so each gets the whole
+        output of the sessions it has clients for. They are bounded: a publisher waits while they
+        are full (backpressure)."""
 
     @abstractmethod
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:

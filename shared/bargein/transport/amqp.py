@@ -38,13 +38,23 @@ from aio_pika.abc import (
     AbstractRobustConnection,
     AbstractRobustQueue,
 )
-from aio_pika.exceptions import DeliveryError
+from aio_pika.exceptions import DeliveryError, PublishError
 
-from bargein.errors import BrokerUnavailable, EnvelopeError, InvalidSessionId, NotOwner, UnroutableError
+from bargein.errors import (
+    BrokerUnavailable,
+    EnvelopeError,
+    InvalidSessionId,
+    NotOwner,
+    QueueFull,
+    UnroutableError,
+)
+from bargein.settings import BrokerSettings, CoreSettings
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
     AUDIO_EXCHANGE,
+    CONTROL,
+    DATA,
     DEAD_EXCHANGE,
     DEAD_QUEUE,
     DEAD_REASON_HEADER,
@@ -54,8 +64,10 @@ from bargein.wire.names import (
     PRIORITY_DATA,
     TIER_SPEECH,
     Direction,
+    Kind,
     Tier,
     edge_bindings,
+    edge_queue,
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
@@ -68,12 +80,14 @@ log = logging.getLogger("bargein.transport.amqp")
 
 CONTENT_TYPE = "application/msgpack"
 RECONNECT_INTERVAL_S = 1.0
+QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
 # what a publish raises when the broker went away under it
 BROKER_GONE = (
     aio_pika.exceptions.ChannelInvalidStateError,
     aio_pika.exceptions.AMQPConnectionError,
     ConnectionError,
 )
+EDGE_CONTROL_PREFETCH = 16
 DEAD_QUEUE_MAX = 10_000  # dead letters kept, the oldest dropped first ...
 DEAD_QUEUE_MAX_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes of them
 DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its size is in a header)
@@ -112,25 +126,40 @@ class _Consumer(Subscription):
 
 
 class _AmqpEdgeQueue(EdgeQueue):
-    def __init__(self, queue: AbstractRobustQueue, consumer: _Consumer) -> None:
-        self._queue = queue
-        self._consumer = consumer
+    """An edge process's two queues (:func:`~bargein.wire.names.edge_queue`), each drained in order
+    by a task of its own: data in bulk (prefetch many), control on a channel of its own, so an
+    interrupt never waits behind the chunks already on their way."""
+
+    def __init__(self, queues: dict[Kind, AbstractRobustQueue], tasks: list[asyncio.Task[None]]) -> None:
+        self._queues = queues
+        self._tasks = tasks
 
     @property
     def alive(self) -> bool:
-        return self._consumer.alive
+        return all(not task.done() for task in self._tasks)
 
     async def add_session(self, session: str) -> None:
-        for key in edge_bindings(session):
-            await self._queue.bind(EVENTS_EXCHANGE, key)
+        for kind, key in edge_bindings(session):
+            await self._queues[kind].bind(EVENTS_EXCHANGE, key)
 
     async def remove_session(self, session: str) -> None:
-        for key in edge_bindings(session):
+        for kind, key in edge_bindings(session):
             with contextlib.suppress(Exception):  # already gone with the connection
-                await self._queue.unbind(EVENTS_EXCHANGE, key)
+                await self._queues[kind].unbind(EVENTS_EXCHANGE, key)
+
+    async def backlog(self) -> int:
+        """Messages waiting in the data queue (asked of the broker)."""
+        queue = self._queues[DATA]
+        channel = await queue.channel.get_underlay_channel()
+        declared = await channel.queue_declare(queue.name, passive=True)
+        return declared.message_count or 0
 
     async def cancel(self) -> None:
-        await self._consumer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 class AmqpTransport(Transport):
@@ -144,8 +173,12 @@ class AmqpTransport(Transport):
         name: str = "bargein",
         heartbeat_s: int = 10,
         broker_wait_s: float = 15.0,
+        queue_max_messages: int = 10_000,
+        edge_prefetch: int = 200,
     ) -> None:
         self.url = url
+        self.queue_max_messages = queue_max_messages
+        self.edge_prefetch = edge_prefetch
         self.heartbeat_s = heartbeat_s
         self.broker_wait_s = broker_wait_s
         self.max_message_bytes = max_message_bytes
@@ -171,6 +204,23 @@ class AmqpTransport(Transport):
         transport = cls(url, **kwargs)
         await transport.start()
         return transport
+
+    @classmethod
+    async def from_settings(
+        cls, core: CoreSettings, broker: BrokerSettings, *, name: str, **kwargs: Any
+    ) -> AmqpTransport:
+        """Connected as every service connects, from its settings."""
+        return await cls.connect(
+            broker.rabbitmq_url,
+            name=name,
+            max_message_bytes=core.max_message_bytes,
+            mailbox_expiry_ms=broker.mailbox_expiry_s * 1000,
+            audio_mailbox_frames=broker.audio_mailbox_frames,
+            heartbeat_s=broker.rabbitmq_heartbeat_s,
+            broker_wait_s=broker.broker_wait_s,
+            queue_max_messages=broker.queue_max_messages,
+            **kwargs,
+        )
 
     async def start(self) -> None:
         # a short heartbeat: the broker hands a frozen process's unacknowledged message back soon
@@ -265,6 +315,7 @@ class AmqpTransport(Transport):
             return
         body = encode(envelope)
         persistent = direction == IN
+        full = False
         try:
             async with asyncio.timeout(self.broker_wait_s):
                 while True:
@@ -283,6 +334,11 @@ class AmqpTransport(Transport):
                         return
                     except BROKER_GONE:  # it went away between the check and the publish
                         pass
+                    except QueueFull:  # the consumer is behind: wait for it (backpressure)
+                        self.counters["publishes_held_back"] += 1
+                        full = True
+                        await asyncio.sleep(QUEUE_FULL_RETRY_S)
+                        continue
                     except UnroutableError:
                         if not recovering:
                             raise
@@ -290,7 +346,8 @@ class AmqpTransport(Transport):
                     await asyncio.sleep(RECONNECT_INTERVAL_S / 10)
         except TimeoutError:
             self.counters["publishes_unavailable"] += 1
-            raise BrokerUnavailable(f"RabbitMQ did not come back within {self.broker_wait_s:.0f} s") from None
+            why = "a queue on the way stayed full" if full else "RabbitMQ did not come back"
+            raise BrokerUnavailable(f"{why} for {self.broker_wait_s:.0f} s") from None
 
     async def publish_audio(self, key: str, body: bytes) -> None:
         """Audio is transient and high-rate: no confirms to wait for, and old audio is worthless
@@ -328,12 +385,15 @@ class AmqpTransport(Transport):
             else aio_pika.DeliveryMode.NOT_PERSISTENT,
         )
         exchange = self._need(self._events_control if control else self._events_data)
+        kind = CONTROL if control else DATA
         try:
             await exchange.publish(message, key, mandatory=mandatory)
-        except DeliveryError as exc:
-            lane = "control" if control else "data"
-            self.counters[f"unroutable_{lane}"] += 1
-            raise UnroutableError(f"{lane} message {key} reached no queue") from exc
+        except PublishError as exc:  # returned: no queue is bound for it
+            self.counters[f"unroutable_{kind}"] += 1
+            raise UnroutableError(f"{kind} message {key} reached no queue") from exc
+        except DeliveryError as exc:  # refused (nack): a queue it goes to is full
+            self.counters[f"refused_{kind}"] += 1
+            raise QueueFull(f"{kind} message {key}: a queue it goes to is full") from exc
         self.counters["published"] += 1
 
     # --- mailboxes -------------------------------------------------------------------------------
@@ -346,7 +406,15 @@ class AmqpTransport(Transport):
         if tier == TIER_SPEECH:  # audio: bounded, oldest dropped (not dead-lettered): it is worthless
             arguments.update({"x-max-length": self.audio_mailbox_frames, "x-overflow": "drop-head"})
         else:
-            arguments.update({"x-max-priority": PRIORITY_CONTROL, "x-dead-letter-exchange": DEAD_EXCHANGE})
+            # bounded: when full, the broker refuses more and the publisher waits (backpressure)
+            arguments.update(
+                {
+                    "x-max-priority": PRIORITY_CONTROL,
+                    "x-dead-letter-exchange": DEAD_EXCHANGE,
+                    "x-max-length": self.queue_max_messages,
+                    "x-overflow": "reject-publish",
+                }
+            )
         return arguments
 
     async def _declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> str:
@@ -373,16 +441,34 @@ class AmqpTransport(Transport):
                 await channel.close()
         return name
 
-    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
-        channel = self._need(self._consume)
-        # exclusive: it lives and dies with this process's connection; priorities let an interrupt
-        # overtake the chunks queued for this process's clients
-        queue: AbstractRobustQueue = await channel.declare_queue(
-            name, exclusive=True, arguments={"x-max-priority": PRIORITY_CONTROL}
-        )
-        consumer = _Consumer(queue, "", None)
-        consumer._tag = await queue.consume(self._mailbox_consumer(queue, None, handler, consumer))
-        return _AmqpEdgeQueue(queue, consumer)
+    async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
+        """Exclusive queues (they live and die with this process's connection), bounded: when one
+        is full the broker refuses what is published to it, and the publisher waits (backpressure),
+        instead of the queue growing without end."""
+        connection = self._need(self._connection)
+        arguments = {"x-max-length": self.queue_max_messages, "x-overflow": "reject-publish"}
+        queues: dict[Kind, AbstractRobustQueue] = {}
+        tasks: list[asyncio.Task[None]] = []
+        for kind, prefetch in ((DATA, self.edge_prefetch), (CONTROL, EDGE_CONTROL_PREFETCH)):
+            channel = await connection.channel(publisher_confirms=False)
+            await channel.set_qos(prefetch_count=prefetch)
+            queue = await channel.declare_queue(edge_queue(owner, kind), exclusive=True, arguments=arguments)
+            queues[kind] = queue
+            on_message = self._mailbox_consumer(queue, None, handler, _Consumer(queue, "", None))
+            tasks.append(asyncio.create_task(self._drain(queue, on_message), name=f"edge:{kind}"))
+        return _AmqpEdgeQueue(queues, tasks)
+
+    async def _drain(
+        self, queue: AbstractRobustQueue, on_message: Callable[[AbstractIncomingMessage], Awaitable[None]]
+    ) -> None:
+        """Handle the queue's messages one after another, in the order they came (aio-pika would
+        run a callback per message concurrently)."""
+        async with queue.iterator() as messages:
+            async for message in messages:
+                try:
+                    await on_message(message)
+                except BROKER_GONE:  # its channel went while it was handled: the ack is moot
+                    self.counters["acks_lost_with_channel"] += 1
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         await self._declare_mailbox(session, tier, direction)

@@ -21,7 +21,15 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from bargein.errors import EnvelopeError, InvalidSessionId, NotOwner, StaleEpochError, UnroutableError
+from bargein.errors import (
+    BrokerUnavailable,
+    EnvelopeError,
+    InvalidSessionId,
+    NotOwner,
+    QueueFull,
+    StaleEpochError,
+    UnroutableError,
+)
 from bargein.transport.abc import (
     EdgeQueue,
     Handler,
@@ -34,11 +42,15 @@ from bargein.transport.abc import (
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
+    CONTROL,
+    DATA,
     EVENTS_EXCHANGE,
     TIER_SPEECH,
     Direction,
+    Kind,
     Tier,
     edge_bindings,
+    edge_queue,
     lane_exchange,
     mailbox_binding,
     mailbox_extra_bindings,
@@ -81,6 +93,7 @@ class _Mailbox:
     session: str | None = None  # a session's mailbox takes only that session's envelopes
     priority: bool = True  # control overtakes waiting data (RabbitMQ: x-max-priority); audio: FIFO
     max_length: int | None = None  # keep only the newest (RabbitMQ: x-max-length, drop-head)
+    refuse_when_full: int | None = None  # refuse more (RabbitMQ: x-max-length, reject-publish)
     items: collections.deque[_Item] = field(default_factory=collections.deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     consumer: asyncio.Task[None] | None = None
@@ -118,14 +131,22 @@ class MemoryBroker:
         self._last_serial = 0
 
     def route(self, exchange: str, key: str, body: bytes, *, control: bool = False) -> int:
+        """Put the message in every mailbox bound to ``key``; as RabbitMQ does, a full mailbox that
+        refuses it does not keep it from the others, and the publisher hears :class:`QueueFull`."""
         serial = next(self._serial)
         self._last_serial = serial
-        delivered = 0
+        delivered = refused = 0
         for box in self.mailboxes.values():
             if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns):
+                if box.refuse_when_full is not None and len(box.items) >= box.refuse_when_full:
+                    refused += 1
+                    continue
                 if not box.put(_Item(serial, body, control)):
                     self.counters["dropped_oldest"] += 1
                 delivered += 1
+        if refused:
+            self.counters["refused"] += 1
+            raise QueueFull(f"message {key}: {refused} queue(s) it goes to are full")
         if not delivered:
             self.counters["unroutable"] += 1
             if control:
@@ -173,26 +194,34 @@ class _TaskSubscription(Subscription):
 
 
 class _MemoryEdgeQueue(EdgeQueue):
-    def __init__(self, broker: MemoryBroker, box: _Mailbox) -> None:
+    """Two mailboxes, as on RabbitMQ: data and control, each with a consumer of its own."""
+
+    def __init__(self, broker: MemoryBroker, boxes: dict[Kind, _Mailbox]) -> None:
         self._broker = broker
-        self._box = box
+        self._boxes = boxes
 
     async def add_session(self, session: str) -> None:
-        for key in edge_bindings(session):
-            if (EVENTS_EXCHANGE, key) not in self._box.patterns:
-                self._box.patterns.append((EVENTS_EXCHANGE, key))
+        for kind, key in edge_bindings(session):
+            patterns = self._boxes[kind].patterns
+            if (EVENTS_EXCHANGE, key) not in patterns:
+                patterns.append((EVENTS_EXCHANGE, key))
 
     async def remove_session(self, session: str) -> None:
-        keys = set(edge_bindings(session))
-        self._box.patterns = [(ex, p) for ex, p in self._box.patterns if p not in keys]
+        keys = {key for _, key in edge_bindings(session)}
+        for box in self._boxes.values():
+            box.patterns = [(ex, p) for ex, p in box.patterns if p not in keys]
+
+    async def backlog(self) -> int:
+        return len(self._boxes[DATA].items)
 
     @property
     def alive(self) -> bool:
-        return self._box.consumer is not None and not self._box.consumer.done()
+        return all(box.consumer is not None and not box.consumer.done() for box in self._boxes.values())
 
     async def cancel(self) -> None:
-        await _MemorySubscription(self._box).cancel()
-        self._broker.mailboxes.pop(self._box.name, None)
+        for box in self._boxes.values():
+            await _MemorySubscription(box).cancel()
+            self._broker.mailboxes.pop(box.name, None)
 
 
 class _MemorySubscription(Subscription):
@@ -213,13 +242,33 @@ class _MemorySubscription(Subscription):
 
 
 class MemoryTransport(Transport):
-    def __init__(self, broker: MemoryBroker | None = None, *, audio_mailbox_frames: int = 500) -> None:
+    def __init__(
+        self,
+        broker: MemoryBroker | None = None,
+        *,
+        audio_mailbox_frames: int = 500,
+        queue_max_messages: int | None = None,
+        broker_wait_s: float = 15.0,
+    ) -> None:
         self.broker = broker or MemoryBroker()
         self.audio_mailbox_frames = audio_mailbox_frames
+        self.queue_max_messages = queue_max_messages  # None: unbounded, as tests mostly want
+        self.broker_wait_s = broker_wait_s
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
-        self.broker.route(lane_exchange(envelope.lane), key, encode(envelope), control=envelope.control)
+        body, exchange = encode(envelope), lane_exchange(envelope.lane)
+        deadline = time.monotonic() + self.broker_wait_s
+        while True:
+            try:
+                self.broker.route(exchange, key, body, control=envelope.control)
+                return
+            except QueueFull:  # the consumer is behind: wait for it (backpressure)
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        f"a queue on the way stayed full for {self.broker_wait_s:.0f} s"
+                    ) from None
+                await asyncio.sleep(0.005)
 
     async def publish_raw(
         self,
@@ -270,10 +319,14 @@ class MemoryTransport(Transport):
                     broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", item.body, box.name)
             box.items.remove(item)  # not popleft: control may have been put ahead of it meanwhile
 
-    async def open_edge_queue(self, name: str, handler: Handler) -> EdgeQueue:
-        box = self.broker.mailboxes[name] = _Mailbox(name, [])
-        box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
-        return _MemoryEdgeQueue(self.broker, box)
+    async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
+        boxes: dict[Kind, _Mailbox] = {}
+        for kind in (DATA, CONTROL):
+            name = edge_queue(owner, kind)
+            box = self.broker.mailboxes[name] = _Mailbox(name, [], refuse_when_full=self.queue_max_messages)
+            box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
+            boxes[kind] = box
+        return _MemoryEdgeQueue(self.broker, boxes)
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         name = mailbox_queue(tier, session)
@@ -288,6 +341,7 @@ class MemoryTransport(Transport):
                 session=session,
                 priority=not audio,
                 max_length=self.audio_mailbox_frames if audio else None,
+                refuse_when_full=None if audio else self.queue_max_messages,
             )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:

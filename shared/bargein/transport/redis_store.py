@@ -48,6 +48,7 @@ import redis
 import redis.asyncio as aioredis
 
 from bargein.errors import StaleEpochError
+from bargein.settings import BrokerSettings
 from bargein.transport.abc import Heartbeat, Renewal, StateStore
 from bargein.wire.names import (
     Tier,
@@ -220,6 +221,13 @@ class RedisStateStore(StateStore):
             epoch_min_ttl_ms=epoch_min_ttl_ms,
             url=url,
             timeout_s=timeout_s,
+        )
+
+    @classmethod
+    def from_settings(cls, broker: BrokerSettings) -> RedisStateStore:
+        """As every service opens it, from its settings."""
+        return cls.from_url(
+            broker.redis_url, pool_size=broker.redis_pool_size, timeout_s=broker.redis_timeout_s
         )
 
     @property

@@ -1,21 +1,30 @@
 """Every exchange, queue, routing key and Redis key bargein uses, in one place.
 
-Routing keys are ``<session>.<direction>.<EventName>``: ``in`` is toward the agent (the caller's
-speech, text, delivery reports), ``out`` is from the agent (its responses, turn control). A tier's
-per-session mailbox binds ``<session>.<direction>.#``. Redis keys are hash-tagged by session
-(``{<session>}``) so that every key of one session lands in one Redis Cluster slot and the Lua
-check-and-set scripts can touch them together.
+Routing keys are ``<session>.<direction>.<kind>.<EventName>``: ``in`` is toward the agent (the
+caller's speech, text, delivery reports), ``out`` is from the agent (its responses, turn control);
+``kind`` is ``control`` for the events that must overtake data (``Event.control``) and ``data`` for
+the rest, so a consumer can keep the two in queues of their own (the client edge does). A tier's
+per-session mailbox binds ``<session>.<direction>.#`` and sees both, control first by priority.
+Redis keys are hash-tagged by session (``{<session>}``) so that every key of one session lands in
+one Redis Cluster slot and the Lua check-and-set scripts can touch them together.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from bargein.agent.events import event_type
+from bargein.errors import UnknownEventType
+
 Direction = Literal["in", "out"]
 Tier = Literal["reasoning", "edge", "speech"]
+Kind = Literal["control", "data"]
 
 IN: Direction = "in"
 OUT: Direction = "out"
+
+CONTROL: Kind = "control"
+DATA: Kind = "data"
 
 TIER_REASONING: Tier = "reasoning"
 TIER_EDGE: Tier = "edge"
@@ -42,8 +51,17 @@ def tier_exchange(tier: Tier) -> str:
     return AUDIO_EXCHANGE if tier == TIER_SPEECH else EVENTS_EXCHANGE
 
 
+def kind_of(event_name: str) -> Kind:
+    """``control`` for events that overtake data; ``data`` for the rest, and for names no event
+    type has (a malformed message still needs a key, to be dead-lettered by its consumer)."""
+    try:
+        return CONTROL if event_type(event_name).control else DATA
+    except UnknownEventType:
+        return DATA
+
+
 def routing_key(session: str, direction: Direction, event_name: str) -> str:
-    return f"{session}.{direction}.{event_name}"
+    return f"{session}.{direction}.{kind_of(event_name)}.{event_name}"
 
 
 def mailbox_binding(session: str, direction: Direction) -> str:
@@ -54,20 +72,25 @@ def mailbox_queue(tier: Tier, session: str) -> str:
     return f"bargein.mailbox.{tier}.{session}"
 
 
-def edge_queue(owner: str) -> str:
-    """One per broadcast process: it hears the sessions that process has clients for."""
-    return f"bargein.edge.{owner}"
+def edge_queue(owner: str, kind: Kind) -> str:
+    """Two per broadcast process, one for data (the chunks: many, consumed in bulk) and one for
+    control (interrupts: few, never stuck behind data); they hear the sessions that process has
+    clients for."""
+    return f"bargein.edge.{owner}.{kind}"
 
 
-def edge_bindings(session: str) -> list[str]:
-    """What the client edge hears of a session: all of its output, and the caller-side events it
-    shows clients or acts on (speech start/stop, and a hang-up from another edge process)."""
+# the caller-side events the client edge shows clients or acts on (speech start/stop, a hang-up
+# from another edge process)
+EDGE_HEARS_IN = ("UserStartedSpeaking", "UserStoppedSpeaking", "FalseInterruption", "EndCall")
+
+
+def edge_bindings(session: str) -> list[tuple[Kind, str]]:
+    """(kind, key): what the client edge hears of a session: all of its output, and
+    :data:`EDGE_HEARS_IN`, each in the edge queue of its kind."""
     return [
-        mailbox_binding(session, OUT),
-        routing_key(session, IN, "UserStartedSpeaking"),
-        routing_key(session, IN, "UserStoppedSpeaking"),
-        routing_key(session, IN, "FalseInterruption"),
-        routing_key(session, IN, "EndCall"),
+        (DATA, f"{session}.{OUT}.{DATA}.#"),
+        (CONTROL, f"{session}.{OUT}.{CONTROL}.#"),
+        *((kind_of(name), routing_key(session, IN, name)) for name in EDGE_HEARS_IN),
     ]
 
 
