@@ -81,6 +81,19 @@ async def test_a_worker_takes_sessions_only_while_it_has_room(pool: Pool) -> Non
         assert reply_text(await caller.collect_turn()) == REPLY
 
 
+async def test_the_start_of_a_session_that_ended_while_it_waited_is_dropped(pool: Pool) -> None:
+    # every worker was full, the caller hung up (the session is forgotten), then a worker has room:
+    # it must not open a session nobody will ever use (it would hold a slot until it idles out)
+    gone = SessionInfo(new_session_id())
+    await create_session(pool.client, pool.store, gone)
+    await pool.store.unregister_session(TIER_REASONING, gone.session_id)
+    worker = await pool.worker()
+    live = await pool.session()  # behind the stale start: taken as usual
+    await wait_for(lambda: live.session_id in worker.host.sessions)
+    assert gone.session_id not in worker.host.sessions
+    assert worker.started == 1
+
+
 async def test_an_orphaned_session_is_adopted_and_its_turn_resumed(pool: Pool) -> None:
     first = await pool.worker()
     caller = await pool.session()

@@ -76,6 +76,9 @@ async def serve(
         log_level="warning",
         lifespan="on",
         ws="websockets-sansio",
+        # chunks are a few words: compressing each costs the edge (and every client) more CPU than
+        # the bytes are worth
+        ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

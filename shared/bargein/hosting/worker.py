@@ -78,6 +78,11 @@ class Worker:
         if not self.takes_new_sessions:
             self.refused_starts += 1
             return False
+        # registered before its start is offered (create_session): not there = ended already (the
+        # caller hung up while every worker was busy); opening it would make a session no one uses
+        if await self.host.store.session_info(self.host.tier, info.session_id) is None:
+            log.info("session %s ended before a worker took it; dropping its start", info.session_id)
+            return True
         try:
             await self.host.open(info)
         except SessionTaken:

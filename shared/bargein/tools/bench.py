@@ -29,13 +29,11 @@ mailboxes and Redis lists deleted. Nothing shared is purged.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import math
 import os
 import random
-import signal
 import struct
 import sys
 import time
@@ -51,10 +49,20 @@ from aiormq.exceptions import AMQPError
 from redis.exceptions import RedisError
 
 from bargein.agent.events import EndCall, UserStartedSpeaking, UserStoppedSpeaking
-from bargein.errors import BargeinError
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.settings import BrokerSettings, load
 from bargein.testing.caller import Caller
+from bargein.tools.benchkit import (
+    WORKER_READY,
+    BenchError,
+    Child,
+    Processes,
+    check_work_queue,
+    run_main,
+    say,
+    summarize,
+    verdict,
+)
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import (
@@ -102,160 +110,14 @@ DEFAULT_WORDS_PER_CHUNK = 8
 
 RAW_HOP_BODY = struct.Struct("!d")  # the raw message: the sender's time.time()
 RAW_HOP_READY = "bench raw-hop consumer ready"
-WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it consumes session starts
 BENCH_AGENT = "bargein.tools.bench_agents:agent"
 
 P50_TARGET = 1.5
 P99_TARGET = 2.0
 
-START_TIMEOUT_S = 60.0  # a child process must be ready within this (imports are slow on a busy box)
-STOP_TIMEOUT_S = 15.0  # SIGTERM → SIGKILL
 RESULTS_TIMEOUT_S = 15.0  # how long to wait for the last samples to be reported
 END_TIMEOUT_S = 10.0  # how long the workers get to forget the ended sessions
 PROGRESS_EVERY_S = 2.0
-
-
-class BenchError(BargeinError):
-    """The bench could not run or measure (a missed target is not an error)."""
-
-
-def _say(out: TextIO, text: str) -> None:
-    print(text, file=out, flush=True)
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of already sorted values, interpolating linearly between
-    neighbours (numpy's default); NaN for no values."""
-    if not sorted_values:
-        return math.nan
-    position = (len(sorted_values) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
-def summarize(seconds: list[float]) -> dict[str, Any]:
-    """count, p50, p99 and max in milliseconds."""
-    ms = sorted(value * 1000 for value in seconds)
-    return {
-        "count": len(ms),
-        "p50_ms": percentile(ms, 50),
-        "p99_ms": percentile(ms, 99),
-        "max_ms": ms[-1] if ms else math.nan,
-    }
-
-
-# --- child processes --------------------------------------------------------------------------------
-
-
-class _Child:
-    """A child process whose output is read continuously (a full pipe would stall it) and kept as a
-    short tail for error messages."""
-
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, ready_marker: str) -> None:
-        self.name = name
-        self.proc = proc
-        self.ready = asyncio.Event()
-        self.tail: collections.deque[str] = collections.deque(maxlen=15)
-        self._marker = ready_marker
-        self.reader = asyncio.create_task(self._read(), name=f"bench-read:{name}")
-
-    async def _read(self) -> None:
-        stream = self.proc.stdout
-        if stream is None:
-            return
-        while True:
-            try:
-                line = await stream.readline()
-            except ValueError:  # a line longer than the stream's limit: take it in pieces
-                line = await stream.read(64 * 1024)
-            if not line:
-                return
-            text = line.decode(errors="replace").rstrip()
-            self.tail.append(text)
-            if self._marker in text:
-                self.ready.set()
-
-    @property
-    def running(self) -> bool:
-        return self.proc.returncode is None
-
-    def last_output(self) -> str:
-        return "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
-
-
-class _Processes:
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.children: list[_Child] = []
-
-    async def start(self, name: str, args: list[str], env: dict[str, str], ready_marker: str) -> _Child:
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.PIPE,  # the raw-hop consumer exits when it closes
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # a Ctrl-C reaches only the bench, which stops them in order
-        )
-        child = _Child(name, proc, ready_marker)
-        self.children.append(child)
-        _say(self.out, f"  started {name} (pid {proc.pid})")
-        return child
-
-    async def wait_ready(self, child: _Child, timeout: float = START_TIMEOUT_S) -> None:
-        ready = asyncio.ensure_future(child.ready.wait())
-        exited = asyncio.ensure_future(child.proc.wait())
-        try:
-            await asyncio.wait({ready, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            exited.cancel()
-        if child.ready.is_set():
-            return
-        if not child.running:
-            await asyncio.wait({child.reader}, timeout=1.0)  # the rest of its output
-            raise BenchError(
-                f"{child.name} exited with code {child.proc.returncode} before it was ready:\n"
-                f"{child.last_output()}"
-            )
-        raise BenchError(f"{child.name} was not ready after {timeout:.0f} s:\n{child.last_output()}")
-
-    def check(self) -> None:
-        """Fail at once if a child died, rather than wait for samples that will never come."""
-        for child in self.children:
-            if not child.running:
-                raise BenchError(
-                    f"{child.name} exited with code {child.proc.returncode} during the run:\n"
-                    f"{child.last_output()}"
-                )
-
-    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM every child (the workers drain), SIGKILL whatever is left after ``timeout``."""
-        running = [child for child in self.children if child.running]
-        try:
-            for child in running:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(signal.SIGTERM)
-                if child.proc.stdin is not None:
-                    child.proc.stdin.close()
-            if running:
-                await asyncio.wait({asyncio.ensure_future(c.proc.wait()) for c in running}, timeout=timeout)
-            for child in running:
-                if child.running:
-                    _say(self.out, f"  {child.name} did not stop within {timeout:.0f} s: killing it")
-                    with contextlib.suppress(ProcessLookupError):
-                        child.proc.kill()
-                    await asyncio.wait_for(child.proc.wait(), timeout)
-        finally:  # even if the waiting above was interrupted: never leave a child behind
-            for child in self.children:
-                if child.running:
-                    with contextlib.suppress(ProcessLookupError):
-                        child.proc.kill()
-                child.reader.cancel()
-        if running:
-            codes = ", ".join(f"{c.name} {c.proc.returncode}" for c in running)
-            _say(self.out, f"  stopped {len(running)} processes (exit codes: {codes})")
 
 
 # --- the client edge --------------------------------------------------------------------------------
@@ -347,7 +209,7 @@ class _InterruptBench:
         self.sample_interval_s = sample_interval_s
         self.warmup_s = warmup_s
         self.run_id = uuid.uuid4().hex[:12]
-        self.processes = _Processes(out)
+        self.processes = Processes(out)
         self.edge = _Edge()
         self.transport: AmqpTransport | None = None
         self.store: RedisStateStore | None = None
@@ -355,13 +217,13 @@ class _InterruptBench:
         self.edge_connection: AbstractRobustConnection | None = None
         self.raw_connection: AbstractRobustConnection | None = None
         self.raw_channel: AbstractChannel | None = None
-        self.workers: list[_Child] = []
+        self.workers: list[Child] = []
         self.created: list[str] = []
         self.sent_interrupts = 0
         self.sent_raw = 0
 
     def say(self, text: str) -> None:
-        _say(self.out, text)
+        say(self.out, text)
 
     # --- set-up ----------------------------------------------------------------------------------
 
@@ -385,25 +247,8 @@ class _InterruptBench:
         return env
 
     async def _check_work_queue(self, expected_consumers: int) -> int:
-        """Refuse to run beside reasoning workers that are not the bench's: they would take some of
-        its sessions (and run their own agent on them). Returns how many session starts wait."""
         assert self.raw_connection is not None
-        channel = await self.raw_connection.channel()
-        try:
-            queue = await channel.declare_queue(
-                session_work_queue(TIER_REASONING), durable=True, arguments={"x-queue-type": "classic"}
-            )
-            consumers = queue.declaration_result.consumer_count or 0
-            waiting = queue.declaration_result.message_count or 0
-        finally:
-            await channel.close()
-        if consumers > expected_consumers:
-            raise BenchError(
-                f"{consumers - expected_consumers} other consumer(s) on {queue.name}: reasoning workers "
-                "that are not the bench's would take some of its sessions. Stop them, or point the "
-                "bench at a broker of its own (BARGEIN_RABBITMQ_URL)."
-            )
-        return waiting
+        return await check_work_queue(self.raw_connection, expected_consumers)
 
     async def start_processes(self) -> None:
         self.say(f"starting {self.n_workers} reasoning worker(s) and the raw-hop consumer")
@@ -601,8 +446,8 @@ class _InterruptBench:
                 for name, row in rows
             ),
             "",
-            f"ratio p50  {ratio_p50:5.2f}x  (target <= {P50_TARGET:g}x)  {_verdict(result['p50_met'])}",
-            f"ratio p99  {ratio_p99:5.2f}x  (target <= {P99_TARGET:g}x)  {_verdict(result['p99_met'])}",
+            f"ratio p50  {ratio_p50:5.2f}x  (target <= {P50_TARGET:g}x)  {verdict(result['p50_met'])}",
+            f"ratio p99  {ratio_p99:5.2f}x  (target <= {P99_TARGET:g}x)  {verdict(result['p99_met'])}",
             f"{self.n_sessions} streaming sessions, {self.n_workers} worker(s), {chunks_per_s:.0f} chunks/s "
             f"at the edge during sampling (nominal {nominal:.0f})",
         ]
@@ -702,10 +547,6 @@ class _InterruptBench:
             await self.clean_up()
 
 
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
-
-
 async def run_interrupt_bench(
     sessions: int = 200,
     samples: int = 200,
@@ -756,24 +597,10 @@ def interrupt_main(
     chunk_period_s: float = DEFAULT_CHUNK_PERIOD_S,
     words_per_chunk: int = DEFAULT_WORDS_PER_CHUNK,
 ) -> int:
-    """``bargein bench interrupt``: run the bench, print the report. 0 once it reported (targets met
-    or not), 1 if it could not run, 130 on Ctrl-C (after cleaning up)."""
-    try:
-        import uvloop
-
-        uvloop.install()  # as the services do
-    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio works too
-        pass
-    try:
-        asyncio.run(
-            run_interrupt_bench(
-                sessions, samples, workers, chunk_period_s=chunk_period_s, words_per_chunk=words_per_chunk
-            )
-        )
-    except BenchError as exc:
-        print(f"bargein bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bargein bench: interrupted (cleaned up)", file=sys.stderr)
-        return 130
-    return 0
+    """``bargein bench interrupt``: run the bench, print the report."""
+    return run_main(
+        lambda: run_interrupt_bench(
+            sessions, samples, workers, chunk_period_s=chunk_period_s, words_per_chunk=words_per_chunk
+        ),
+        "interrupt",
+    )

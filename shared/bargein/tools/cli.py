@@ -75,6 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-ms", type=float, default=100.0, help="each session publishes a chunk this often"
     )
     intr.add_argument("--words-per-chunk", type=_positive, default=8)
+    thr = bench_sub.add_parser(
+        "throughput", help="chunks/s through one edge process beside a raw aio-pika hop (RabbitMQ + Redis)"
+    )
+    thr.add_argument("--sessions", type=_positive, default=20, help="WebSocket clients (default 20)")
+    thr.add_argument("--chunks", type=_positive, default=50_000, help="chunks sent (default 50,000)")
+    thr.add_argument(
+        "--window", type=_positive, default=2_000, help="chunks in flight at most (default 2,000)"
+    )
+    fail = bench_sub.add_parser(
+        "failover", help="SIGKILL the owner mid-answer: time to the resumed chunk, repeats and gaps"
+    )
+    fail.add_argument("--kills", type=_positive, default=20, help="kills measured (default 20)")
+    ses = bench_sub.add_parser(
+        "sessions", help="sessions created per second, and memory per idle session in each service"
+    )
+    ses.add_argument("--sessions", type=_positive, default=1000, help="sessions created (default 1000)")
+    ses.add_argument("--concurrency", type=_positive, default=20, help="created at a time (default 20)")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -148,6 +165,18 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_vad import main as vad_main
 
             return vad_main(args=args)
+        if args.command == "bench" and args.bench == "sessions":
+            from bargein.tools.bench_sessions import sessions_main
+
+            return sessions_main(args.sessions, args.concurrency)
+        if args.command == "bench" and args.bench == "failover":
+            from bargein.tools.bench_failover import failover_main
+
+            return failover_main(args.kills)
+        if args.command == "bench" and args.bench == "throughput":
+            from bargein.tools.bench_throughput import throughput_main
+
+            return throughput_main(args.sessions, args.chunks, args.window)
         if args.command == "bench" and args.bench == "interrupt":
             from bargein.tools.bench import interrupt_main
 

@@ -88,6 +88,7 @@ BROKER_GONE = (
     ConnectionError,
 )
 EDGE_CONTROL_PREFETCH = 16
+EDGE_ACK_EVERY = 50  # the edge acknowledges this many messages at once at most
 DEAD_QUEUE_MAX = 10_000  # dead letters kept, the oldest dropped first ...
 DEAD_QUEUE_MAX_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes of them
 DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its size is in a header)
@@ -198,6 +199,7 @@ class AmqpTransport(Transport):
         self._audio: AbstractExchange | None = None
         self._usable = asyncio.Event()
         self._recovering_until = 0.0  # until then, an unroutable message is tried again
+        self._closing = False  # our own close: not an outage worth a warning
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:
@@ -233,7 +235,7 @@ class AmqpTransport(Transport):
         )
         # usable = connected *and* every channel restored: aio-pika marks the connection connected
         # before it reopens the channels, and a publish in between fails
-        self._connection.close_callbacks.add(lambda *_: self._usable.clear())
+        self._connection.close_callbacks.add(self._on_closed)
         self._connection.reconnect_callbacks.add(self._on_reconnected)
         self._data = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._control = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -257,6 +259,16 @@ class AmqpTransport(Transport):
         await self._declare_dead_queue()
         self._usable.set()
         log.info("connected to RabbitMQ as %r; topology declared", self.name)
+
+    def _on_closed(self, _sender: object, exc: BaseException | None = None) -> None:
+        self._usable.clear()
+        if exc is not None and not self._closing:
+            log.warning(
+                "lost RabbitMQ (%s: %s); reconnecting, publishers wait up to %.0f s",
+                type(exc).__name__,
+                exc,
+                self.broker_wait_s,
+            )
 
     def _on_reconnected(self, *_: object) -> None:
         self._recovering_until = time.monotonic() + self.broker_wait_s
@@ -292,6 +304,7 @@ class AmqpTransport(Transport):
 
     async def close(self) -> None:
         if self._connection is not None:
+            self._closing = True
             await self._connection.close()
             self._connection = None
 
@@ -454,21 +467,65 @@ class AmqpTransport(Transport):
             await channel.set_qos(prefetch_count=prefetch)
             queue = await channel.declare_queue(edge_queue(owner, kind), exclusive=True, arguments=arguments)
             queues[kind] = queue
-            on_message = self._mailbox_consumer(queue, None, handler, _Consumer(queue, "", None))
-            tasks.append(asyncio.create_task(self._drain(queue, on_message), name=f"edge:{kind}"))
+            inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+            # robust: aio-pika consumes again after a reconnect. Deliveries are put in the inbox in
+            # the order they came (each put finishes at once), and one task handles them in order.
+            await queue.consume(inbox.put)
+            tasks.append(asyncio.create_task(self._drain(queue, inbox, handler), name=f"edge:{kind}"))
         return _AmqpEdgeQueue(queues, tasks)
 
     async def _drain(
-        self, queue: AbstractRobustQueue, on_message: Callable[[AbstractIncomingMessage], Awaitable[None]]
+        self, queue: AbstractQueue, inbox: asyncio.Queue[AbstractIncomingMessage], handler: Handler
     ) -> None:
-        """Handle the queue's messages one after another, in the order they came (aio-pika would
-        run a callback per message concurrently)."""
-        async with queue.iterator() as messages:
-            async for message in messages:
+        """Handle what arrives, in order, and acknowledge in batches (one ``multiple`` ack for up
+        to EDGE_ACK_EVERY messages: acknowledging each one costs the edge half its throughput)."""
+        while True:
+            message = await inbox.get()
+            handled = 0
+            while True:
                 try:
-                    await on_message(message)
-                except BROKER_GONE:  # its channel went while it was handled: the ack is moot
-                    self.counters["acks_lost_with_channel"] += 1
+                    await self._handle(message, queue.name, None, handler)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # dead-lettering failed (the broker went): keep draining
+                    self.counters["edge_handling_failed"] += 1
+                    log.warning(
+                        "edge queue %s: a bad message could not be dead-lettered (%s: %s)",
+                        queue.name,
+                        type(exc).__name__,
+                        exc,
+                    )
+                handled += 1
+                if handled >= EDGE_ACK_EVERY or inbox.empty():
+                    break
+                message = inbox.get_nowait()
+            try:
+                await message.ack(multiple=True)
+            except BROKER_GONE:  # its channel went while they were handled: the acks are moot
+                self.counters["acks_lost_with_channel"] += 1
+
+    async def _handle(
+        self, message: AbstractIncomingMessage, queue: str, session: str | None, handler: Handler
+    ) -> bool:
+        """Decode and hand over one message; True if the handler took it. What fails to decode, is
+        for another session (when the queue is one session's), or makes the handler fail is
+        dead-lettered with its reason instead (not acknowledged here: the caller does)."""
+        try:
+            envelope, event = decode(message.body, max_bytes=self.max_message_bytes)
+            if session is not None and envelope.session != session:
+                raise InvalidSessionId(f"message for session {envelope.session!r} in {queue}")
+        except EnvelopeError as exc:
+            await self._dead_letter(message, exc.reason, str(exc), queue)
+            return False
+        try:
+            await handler(envelope, event)
+        except (asyncio.CancelledError, NotOwner):
+            raise
+        except Exception as exc:
+            log.exception("handler failed on %s in %s", envelope.type, queue)
+            await self._dead_letter(message, "handler_error", f"{type(exc).__name__}: {exc}", queue)
+            return False
+        return True
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         await self._declare_mailbox(session, tier, direction)
@@ -487,31 +544,19 @@ class AmqpTransport(Transport):
         return consumer
 
     def _mailbox_consumer(
-        self, queue: AbstractQueue, session: str | None, handler: Handler, consumer: _Consumer
+        self, queue: AbstractQueue, session: str, handler: Handler, consumer: _Consumer
     ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
-        """Decode, hand over, acknowledge; anything undecodable (or for another session, when the
-        queue is one session's) is dead-lettered with its reason instead."""
+        """Handle, then acknowledge (prefetch 1: the next comes only then)."""
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             try:
-                envelope, event = decode(message.body, max_bytes=self.max_message_bytes)
-                if session is not None and envelope.session != session:
-                    raise InvalidSessionId(f"message for session {envelope.session!r} in {queue.name}")
-            except EnvelopeError as exc:
-                await self._reject(message, exc.reason, str(exc), queue.name)
-                return
-            try:
-                await handler(envelope, event)
+                await self._handle(message, queue.name, session, handler)
             except asyncio.CancelledError:
                 raise  # unacknowledged: redelivered to the next consumer
             except NotOwner:  # back to the mailbox, for the owner; this consumer stops here
                 await message.nack(requeue=True)
                 await consumer.cancel()
                 consumer.stopped()
-                return
-            except Exception as exc:
-                log.exception("handler failed on %s in %s", envelope.type, queue.name)
-                await self._reject(message, "handler_error", f"{type(exc).__name__}: {exc}", queue.name)
                 return
             await message.ack()
 
@@ -525,7 +570,16 @@ class AmqpTransport(Transport):
             log.debug("deleting mailbox %s/%s: %s", tier, session, exc)
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str, error: str, queue: str) -> None:
-        """Dead-letter with a reason, count it, log the first of each kind, and carry on."""
+        """Dead-letter with a reason and acknowledge."""
+        try:
+            await self._dead_letter(message, reason, error, queue)
+        finally:
+            await message.ack()
+
+    async def _dead_letter(
+        self, message: AbstractIncomingMessage, reason: str, error: str, queue: str
+    ) -> None:
+        """Put a copy in the dead-letter queue with a reason, count it, log the first of each kind."""
         self.counters[f"dead:{reason}"] += 1
         if self.counters[f"dead:{reason}"] == 1 or self.counters[f"dead:{reason}"] % 1000 == 0:
             log.warning(
@@ -543,12 +597,9 @@ class AmqpTransport(Transport):
             "x-bargein-body-bytes": len(message.body),
         }
         head = message.body[:DEAD_BODY_HEAD]  # enough to see what it was; a huge body is not kept
-        try:
-            await self._need(self._dead).publish(
-                aio_pika.Message(head, headers=headers, content_type=message.content_type), ""
-            )
-        finally:
-            await message.ack()
+        await self._need(self._dead).publish(
+            aio_pika.Message(head, headers=headers, content_type=message.content_type), ""
+        )
 
     # --- session starts --------------------------------------------------------------------------
 

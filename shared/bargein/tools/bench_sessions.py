@@ -1,0 +1,241 @@
+"""``bargein bench sessions``: how fast sessions are created, and what an idle one costs where.
+
+The bench runs one reasoning, one speech and one edge process (``bargein reasoning|speech|
+broadcast``) on the configured broker and Redis, then creates ``--sessions`` sessions the way a
+client does (``POST /v1/sessions``, join as the caller, say something, wait for the first chunk of
+the answer), ``--concurrency`` at a time. It reports sessions created per second (including that
+first answer) and, with all of them idle and their callers still connected, the resident memory per
+session of each service process, of RabbitMQ (when ``rabbitmqctl`` can reach the node) and of
+Redis: the growth over the same figure before the first session, divided by the sessions.
+At the end every session is hung up, the bench waits until the services have ended them, stops the
+processes and forgets any record left, so the next run (or test suite) does not adopt them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TextIO
+
+import aio_pika
+import httpx
+import redis.asyncio as aioredis
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from bargein.settings import BrokerSettings, load
+from bargein.tools.benchkit import (
+    BenchError,
+    Child,
+    Processes,
+    check_work_queue,
+    forget_sessions,
+    free_port,
+    run_main,
+    say,
+    service_env,
+    start_service,
+)
+from bargein.wire.names import TIER_REASONING, session_directory_key
+
+AGENT = "bargein.examples.default:agent"
+SETTLE_S = 3.0  # after the last session, before memory is read (queues and buffers settle)
+T = 60.0
+SERVICES = ("reasoning", "speech", "broadcast")
+HANG_UP_WAIT_S = 60.0  # for the services to end every session after the callers hung up
+
+
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident set size (Linux /proc), or None where that is not available."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def rabbitmq_bytes() -> int | None:
+    """The memory the RabbitMQ node uses, if ``rabbitmqctl`` is here and may talk to it."""
+    if shutil.which("rabbitmqctl") is None:
+        return None
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", "status", "--formatter", "json"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+        total = json.loads(done.stdout)["memory"]["total"]
+        return int(total["erlang"] if isinstance(total, dict) else total)
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _SessionsBench:
+    def __init__(
+        self, *, sessions: int, concurrency: int, rabbitmq_url: str, redis_url: str, out: TextIO
+    ) -> None:
+        self.n_sessions = sessions
+        self.concurrency = concurrency
+        self.rabbitmq_url = rabbitmq_url
+        self.redis_url = redis_url
+        self.out = out
+        self.run_id = uuid.uuid4().hex[:8]
+        self.processes = Processes(out)
+        self.env = service_env(
+            rabbitmq_url,
+            redis_url,
+            BARGEIN_AGENT=AGENT,
+            BARGEIN_HOST="127.0.0.1",
+            BARGEIN_PORT=str(free_port()),
+            BARGEIN_MAX_SESSIONS=str(sessions + 50),
+            BARGEIN_STATUS_INTERVAL_S="30",
+            BARGEIN_ADOPT_INTERVAL_S="3600",  # adopt nothing other runs may have left behind
+        )
+        self.env.pop("BARGEIN_LLM_BASE_URL", None)
+        self.children: dict[str, Child] = {}
+        self.sockets: list[ClientConnection] = []
+        self.session_ids: list[str] = []
+        self.redis: aioredis.Redis | None = None
+
+    def say(self, text: str) -> None:
+        say(self.out, text)
+
+    async def memory(self) -> dict[str, int | None]:
+        assert self.redis is not None
+        figures: dict[str, int | None] = {
+            name: rss_bytes(child.proc.pid) for name, child in self.children.items()
+        }
+        figures["rabbitmq"] = await asyncio.to_thread(rabbitmq_bytes)
+        figures["redis"] = int((await self.redis.info("memory"))["used_memory"])
+        return figures
+
+    async def create_one(self, client: httpx.AsyncClient, edge: str) -> None:
+        response = await client.post(f"{edge}/v1/sessions", json={})
+        if response.status_code != 201:
+            raise BenchError(f"POST /v1/sessions answered {response.status_code}: {response.text[:200]}")
+        created = response.json()
+        self.session_ids.append(created["session_id"])
+        ws = await websockets.connect(f"{created['ws_url']}?token={created['token']}", max_size=None)
+        self.sockets.append(ws)
+        await ws.send(json.dumps({"type": "text", "text": "hello"}))
+        async with asyncio.timeout(T):
+            while json.loads(await ws.recv())["type"] != "agent_chunk":
+                pass
+
+    async def create_all(self, edge: str) -> float:
+        self.say(f"creating {self.n_sessions} sessions, {self.concurrency} at a time")
+        todo = iter(range(self.n_sessions))
+        done = 0
+        started = time.perf_counter()
+        last_said = started
+
+        async def creator(client: httpx.AsyncClient) -> None:
+            nonlocal done, last_said
+            for _ in todo:
+                await self.create_one(client, edge)
+                done += 1
+                if time.perf_counter() - last_said > 5:
+                    last_said = time.perf_counter()
+                    self.say(f"  {done}/{self.n_sessions} ({done / (last_said - started):.1f}/s)")
+
+        async with httpx.AsyncClient(timeout=T) as client:
+            await asyncio.gather(*(creator(client) for _ in range(self.concurrency)))
+        return self.n_sessions / (time.perf_counter() - started)
+
+    async def registered(self) -> int:
+        """How many of the bench's sessions the reasoning tier still has in its directory."""
+        assert self.redis is not None
+        if not self.session_ids:
+            return 0
+        found = await self.redis.hmget(session_directory_key(TIER_REASONING), self.session_ids)
+        return sum(entry is not None for entry in found)
+
+    async def hang_up(self) -> None:
+        """End every session as a caller would, and wait (a while) until the services have."""
+        for ws in self.sockets:
+            with contextlib.suppress(Exception):
+                await ws.send(json.dumps({"type": "end"}))
+        deadline = time.monotonic() + HANG_UP_WAIT_S
+        with contextlib.suppress(Exception):  # whatever is left is forgotten after the services stop
+            while (left := await self.registered()) and time.monotonic() < deadline:
+                self.say(f"  hanging up: {left} sessions still open")
+                await asyncio.sleep(1.0)
+        for ws in self.sockets:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def run(self) -> dict[str, Any]:
+        self.say(f"bench sessions (run {self.run_id}): {self.n_sessions} sessions")
+        try:
+            self.redis = aioredis.Redis.from_url(self.redis_url)
+            try:
+                connection = await aio_pika.connect_robust(self.rabbitmq_url)
+            except Exception as exc:
+                raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
+            async with connection:
+                await check_work_queue(connection, expected_consumers=0)
+            for service in SERVICES:
+                self.children[service] = await start_service(self.processes, service, service, self.env)
+            await asyncio.sleep(SETTLE_S)
+            before = await self.memory()
+            rate = await self.create_all(self.children["broadcast"].url)
+            await asyncio.sleep(SETTLE_S)
+            after = await self.memory()
+            return self.report(rate, before, after)
+        finally:
+            await self.hang_up()
+            await self.processes.stop()
+            if self.redis is not None:
+                await self.redis.aclose()
+            await forget_sessions(self.rabbitmq_url, self.redis_url, self.session_ids, self.out)
+
+    def report(
+        self, rate: float, before: dict[str, int | None], after: dict[str, int | None]
+    ) -> dict[str, Any]:
+        per_session: dict[str, float | None] = {}
+        for name in (*SERVICES, "rabbitmq", "redis"):
+            low, high = before.get(name), after.get(name)
+            per_session[name] = None if low is None or high is None else (high - low) / self.n_sessions
+        self.say("")
+        self.say(f"  sessions created per second (with the first answer): {rate:.1f}")
+        self.say(f"  memory per idle session ({self.n_sessions} sessions, callers connected):")
+        for name, value in per_session.items():
+            shown = "n/a" if value is None else f"{value / 1024:,.1f} KB"
+            self.say(f"    {name:<10} {shown}")
+        return {"run_id": self.run_id, "sessions": self.n_sessions, "per_s": rate, "bytes": per_session}
+
+
+async def run_sessions_bench(
+    sessions: int = 1000,
+    concurrency: int = 20,
+    rabbitmq_url: str | None = None,
+    redis_url: str | None = None,
+    out: TextIO | None = None,
+) -> dict[str, Any]:
+    """Run the bench and return its numbers (also printed to ``out``, default stdout)."""
+    if sessions < 1 or concurrency < 1:
+        raise ValueError("sessions and concurrency must be at least 1")
+    broker = load(BrokerSettings)
+    bench = _SessionsBench(
+        sessions=sessions,
+        concurrency=concurrency,
+        rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
+        redis_url=redis_url or broker.redis_url,
+        out=out if out is not None else sys.stdout,
+    )
+    return await bench.run()
+
+
+def sessions_main(sessions: int = 1000, concurrency: int = 20) -> int:
+    """``bargein bench sessions``: run the bench, print the report."""
+    return run_main(lambda: run_sessions_bench(sessions, concurrency), "sessions")

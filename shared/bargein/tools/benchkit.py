@@ -1,0 +1,276 @@
+"""What every ``bargein bench`` shares: child processes run and stopped in order, percentiles, and
+the one error a bench raises when it cannot run or measure (a missed target is a result, not an
+error)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TextIO
+
+from aio_pika.abc import AbstractRobustConnection
+
+from bargein.errors import BargeinError
+from bargein.hosting.sessions import forget_session
+from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import TIER_REASONING, TIER_SPEECH, session_work_queue
+
+WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it consumes session starts
+EDGE_READY = re.compile(r"edge ready on (http://\S+)")
+START_TIMEOUT_S = 60.0  # a child process must be ready within this (imports are slow on a busy box)
+STOP_TIMEOUT_S = 15.0  # SIGTERM → SIGKILL
+
+
+class BenchError(BargeinError):
+    """The bench could not run or measure (a missed target is not an error)."""
+
+
+def say(out: TextIO, text: str) -> None:
+    print(text, file=out, flush=True)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of already sorted values, interpolating linearly between
+    neighbours (numpy's default); NaN for no values."""
+    if not sorted_values:
+        return math.nan
+    position = (len(sorted_values) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def summarize(seconds: list[float]) -> dict[str, Any]:
+    """count, p50, p99 and max in milliseconds."""
+    ms = sorted(value * 1000 for value in seconds)
+    return {
+        "count": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": ms[-1] if ms else math.nan,
+    }
+
+
+# --- child processes --------------------------------------------------------------------------------
+
+
+class Child:
+    """A child process whose output is read continuously (a full pipe would stall it) and kept as a
+    short tail for error messages."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, ready_marker: str) -> None:
+        self.name = name
+        self.proc = proc
+        self.ready = asyncio.Event()
+        self.tail: collections.deque[str] = collections.deque(maxlen=15)
+        self._marker = ready_marker
+        self.url = ""  # an edge's, once it said where it listens
+        self.reader = asyncio.create_task(self._read(), name=f"bench-read:{name}")
+
+    async def _read(self) -> None:
+        stream = self.proc.stdout
+        if stream is None:
+            return
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the stream's limit: take it in pieces
+                line = await stream.read(64 * 1024)
+            if not line:
+                return
+            text = line.decode(errors="replace").rstrip()
+            self.tail.append(text)
+            if self._marker in text:
+                self.ready.set()
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def last_output(self) -> str:
+        return "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
+
+
+class Processes:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.children: list[Child] = []
+
+    async def start(self, name: str, args: list[str], env: dict[str, str], ready_marker: str) -> Child:
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.PIPE,  # the raw-hop consumer exits when it closes
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C reaches only the bench, which stops them in order
+        )
+        child = Child(name, proc, ready_marker)
+        self.children.append(child)
+        say(self.out, f"  started {name} (pid {proc.pid})")
+        return child
+
+    async def wait_ready(self, child: Child, timeout: float = START_TIMEOUT_S) -> None:
+        ready = asyncio.ensure_future(child.ready.wait())
+        exited = asyncio.ensure_future(child.proc.wait())
+        try:
+            await asyncio.wait({ready, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            exited.cancel()
+        if child.ready.is_set():
+            return
+        if not child.running:
+            await asyncio.wait({child.reader}, timeout=1.0)  # the rest of its output
+            raise BenchError(
+                f"{child.name} exited with code {child.proc.returncode} before it was ready:\n"
+                f"{child.last_output()}"
+            )
+        raise BenchError(f"{child.name} was not ready after {timeout:.0f} s:\n{child.last_output()}")
+
+    def check(self) -> None:
+        """Fail at once if a child died, rather than wait for samples that will never come."""
+        for child in self.children:
+            if not child.running:
+                raise BenchError(
+                    f"{child.name} exited with code {child.proc.returncode} during the run:\n"
+                    f"{child.last_output()}"
+                )
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM every child (the workers drain), SIGKILL whatever is left after ``timeout``."""
+        running = [child for child in self.children if child.running]
+        try:
+            for child in running:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+                if child.proc.stdin is not None:
+                    child.proc.stdin.close()
+            if running:
+                await asyncio.wait({asyncio.ensure_future(c.proc.wait()) for c in running}, timeout=timeout)
+            for child in running:
+                if child.running:
+                    say(self.out, f"  {child.name} did not stop within {timeout:.0f} s: killing it")
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+                    await asyncio.wait_for(child.proc.wait(), timeout)
+        finally:  # even if the waiting above was interrupted: never leave a child behind
+            for child in self.children:
+                if child.running:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+                child.reader.cancel()
+        if running:
+            codes = ", ".join(f"{c.name} {c.proc.returncode}" for c in running)
+            say(self.out, f"  stopped {len(running)} processes (exit codes: {codes})")
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def run_main(bench: Callable[[], Coroutine[Any, Any, object]], name: str) -> int:
+    """Run one bench as a command: 0 once it reported (targets met or not), 1 if it could not run,
+    130 on Ctrl-C (after cleaning up)."""
+    try:
+        import uvloop
+
+        uvloop.install()  # as the services do
+    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio works too
+        pass
+    try:
+        asyncio.run(bench())
+    except BenchError as exc:
+        print(f"bargein bench {name}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"bargein bench {name}: interrupted (cleaned up)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def service_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a service process a bench starts: this one's, pointed at the bench's
+    broker and Redis, logging at INFO (the ready lines are)."""
+    env = dict(os.environ)
+    env.update(
+        BARGEIN_RABBITMQ_URL=rabbitmq_url,
+        BARGEIN_REDIS_URL=redis_url,
+        BARGEIN_LOG_LEVEL="INFO",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def start_service(processes: Processes, service: str, name: str, env: dict[str, str]) -> Child:
+    """``bargein <service>`` as a child, once it is ready (an edge's URL is in ``child.url``)."""
+    marker = "edge ready on" if service == "broadcast" else WORKER_READY
+    child = await processes.start(name, [sys.executable, "-m", "bargein", service], env, marker)
+    await processes.wait_ready(child)
+    if service == "broadcast":
+        match = next((m for line in child.tail if (m := EDGE_READY.search(line))), None)
+        if match is None:
+            raise BenchError(f"{name} did not say where it listens:\n{child.last_output()}")
+        child.url = match.group(1)
+    return child
+
+
+async def check_work_queue(connection: AbstractRobustConnection, expected_consumers: int) -> int:
+    """Refuse to run beside reasoning workers that are not the bench's: they would take some of
+    its sessions (and run their own agent on them). Returns how many session starts wait."""
+    channel = await connection.channel()
+    try:
+        queue = await channel.declare_queue(
+            session_work_queue(TIER_REASONING), durable=True, arguments={"x-queue-type": "classic"}
+        )
+        consumers = queue.declaration_result.consumer_count or 0
+        waiting = queue.declaration_result.message_count or 0
+    finally:
+        await channel.close()
+    if consumers > expected_consumers:
+        raise BenchError(
+            f"{consumers - expected_consumers} other consumer(s) on {queue.name}: reasoning workers "
+            "that are not the bench's would take some of its sessions. Stop them, or point the "
+            "bench at a broker of its own (BARGEIN_RABBITMQ_URL)."
+        )
+    return waiting
+
+
+async def forget_sessions(rabbitmq_url: str, redis_url: str, session_ids: list[str], out: TextIO) -> int:
+    """Forget, on every tier, the bench's sessions that are still registered (a session whose
+    hang-up had not been handled when the services stopped): left in the directory, they would be
+    adopted by the next run's workers, or by the test suite's. Returns how many there were."""
+    if not session_ids:
+        return 0
+    store = RedisStateStore.from_url(redis_url)
+    transport = await AmqpTransport.connect(rabbitmq_url)
+    left = 0
+    try:
+        for tier in (TIER_REASONING, TIER_SPEECH):
+            for session_id in session_ids:
+                if await store.session_info(tier, session_id) is not None:
+                    left += 1
+                    await forget_session(transport, store, session_id, tier=tier)
+    finally:
+        await transport.close()
+        await store.close()
+    if left:
+        say(out, f"  forgot {left} session records the services had not ended")
+    return left

@@ -1,0 +1,84 @@
+"""Short runs of the reliability benches: each runs end to end against real service processes.
+
+As with ``test_bench.py``, no timing is asserted (targets are what a run *reports*); what is checked
+is that every sample was measured, the numbers are sane, the report names its targets, and the run
+left nothing behind for the next one to trip over.
+"""
+
+from __future__ import annotations
+
+import io
+
+import redis
+
+from bargein.tools.bench_failover import damage, run_failover_bench
+from bargein.tools.bench_sessions import run_sessions_bench
+from bargein.tools.bench_throughput import run_throughput_bench
+from bargein.wire.names import TIER_REASONING, TIER_SPEECH, session_directory_key
+
+
+def bench_sessions_left(redis_url: str, prefix: str) -> list[str]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [
+            name.decode()
+            for tier in (TIER_REASONING, TIER_SPEECH)
+            for name in client.hkeys(session_directory_key(tier))
+            if name.decode().startswith(prefix)
+        ]
+    finally:
+        client.close()
+
+
+def test_damage_counts_repeats_and_gaps() -> None:
+    # the failover bench's verdict rests on this diff: it must see both kinds of damage
+    assert damage("one two three", "one two three") == (0, 0)
+    assert damage("one two two three", "one two three")[0] > 0
+    assert damage("one three", "one two three")[1] > 0
+
+
+async def test_throughput_bench_runs_and_reports(rabbitmq_url: str, redis_url: str) -> None:
+    out = io.StringIO()
+    result = await run_throughput_bench(
+        sessions=4, chunks=2_000, window=200, rabbitmq_url=rabbitmq_url, redis_url=redis_url, out=out
+    )
+    report = out.getvalue()
+    assert result["chunks"] == 2_000 and result["sessions"] == 4
+    assert result["raw_per_s"] > 0 and result["edge_per_s"] > 0, report
+    assert result["ratio"] == result["edge_per_s"] / result["raw_per_s"]
+    assert isinstance(result["rate_met"], bool) and isinstance(result["ratio_met"], bool)
+    # the control probe ran under the load: interrupts overtook the data and came back as clears
+    assert result["clear"]["count"] > 0, report
+    assert 0 < result["clear"]["p50_ms"] <= result["clear"]["max_ms"]
+    assert "raw publish → consume" in report and "through one edge" in report
+    assert "target ≥ 5,000" in report and "target ≥ 0.70" in report
+    assert bench_sessions_left(redis_url, f"bench{result['run_id']}") == []
+
+
+async def test_failover_bench_runs_and_reports(rabbitmq_url: str, redis_url: str) -> None:
+    out = io.StringIO()
+    result = await run_failover_bench(kills=1, rabbitmq_url=rabbitmq_url, redis_url=redis_url, out=out)
+    report = out.getvalue()
+    assert result["kills"] == 1
+    assert result["resumed"]["count"] == 1, report
+    assert result["resumed"]["p50_ms"] > 0
+    # the answer the killed owner was streaming reached the caller whole
+    assert (result["repeated"], result["missing"]) == (0, 0), report
+    assert result["clean"] is True
+    assert "kill → first resumed chunk" in report and "repeated 0, missing 0" in report
+
+
+async def test_sessions_bench_runs_and_reports(rabbitmq_url: str, redis_url: str) -> None:
+    out = io.StringIO()
+    result = await run_sessions_bench(
+        sessions=5, concurrency=2, rabbitmq_url=rabbitmq_url, redis_url=redis_url, out=out
+    )
+    report = out.getvalue()
+    assert result["sessions"] == 5
+    assert result["per_s"] > 0, report
+    # every figure is measured on this machine (the services' RSS, RabbitMQ and Redis)
+    assert set(result["bytes"]) == {"reasoning", "speech", "broadcast", "rabbitmq", "redis"}
+    assert all(value is not None for value in result["bytes"].values()), result["bytes"]
+    assert "sessions created per second" in report
+    for name in result["bytes"]:
+        assert name in report
