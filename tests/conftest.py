@@ -9,6 +9,8 @@ Every test is marked with its tier, so a tier can be run on its own (``pytest -m
 * ``browser``: Debian's Chromium driving the web page (``tests/broadcast/test_browser.py``);
 * ``faults``: ``tests/faults``, the whole product on brokers of its own, which the tests kill, pause
   and restart (``integration`` too);
+* ``peers``: ``tests/peers``, another framework's own test suite run against bargein's
+  compatibility layer (Line 0.1.12's, fetched from the package index on first use);
 * ``unit``: everything else, in process (``tests/sdk``, ``tests/speech``, ``tests/line``, the checks
   of the repository itself).
 
@@ -42,6 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tiers.add("contract")
         if relative.parts[0] == "faults":
             tiers |= {"faults", "integration"}
+        if relative.parts[0] == "peers":
+            tiers.add("peers")
         if relative.name in BROWSER_TESTS:
             tiers.add("browser")
         for tier in tiers or {"unit"}:

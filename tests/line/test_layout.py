@@ -1,5 +1,7 @@
 """Line 0.1's module paths, names and signatures exist under ``bargein.line``, and each name is
-bargein's own class (a migration is a find-and-replace of ``line`` with ``bargein.line``)."""
+bargein's own class, or (``Bridge``, ``RouteBuilder``: they also carry Line's in-process engine) a
+subclass of it, so a Line route runs on bargein's runtime (a migration is a find-and-replace of
+``line`` with ``bargein.line``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from bargein.line import system
 LAYOUT: dict[str, list[str]] = {
     "bargein.line": [
         "Bridge",
+        "Bus",
         "CallRequest",
         "ConversationContext",
         "Message",
@@ -24,13 +27,15 @@ LAYOUT: dict[str, list[str]] = {
         "PreCallResult",
         "ReasoningNode",
         "RouteBuilder",
+        "RouteConfig",
         "VoiceAgentApp",
         "VoiceAgentSystem",
         "register_observability_event",
     ],
     "bargein.line.bridge": ["Bridge"],
-    "bargein.line.bus": ["Message"],
-    "bargein.line.routes": ["RouteBuilder"],
+    "bargein.line.bus": ["Bus", "Message"],
+    "bargein.line.routes": ["RouteBuilder", "RouteConfig", "RouteHandler", "RouteState"],
+    "bargein.line.harness": ["ConversationHarness"],
     "bargein.line.nodes": ["ConversationContext", "Node", "ReasoningNode"],
     "bargein.line.nodes.base": ["Node"],
     "bargein.line.nodes.reasoning": ["Node", "ReasoningNode"],
@@ -54,6 +59,7 @@ LAYOUT: dict[str, list[str]] = {
         "DTMFOutputEvent",
         "EndCall",
         "EventInstance",
+        "EventsRegistry",
         "EventType",
         "LogMetric",
         "ToolCall",
@@ -65,9 +71,8 @@ LAYOUT: dict[str, list[str]] = {
     ],
 }
 
+SUBCLASS_OF_BARGEIN: dict[str, Any] = {"Bridge": routes.Bridge, "RouteBuilder": routes.Route}
 SAME_AS_BARGEIN: dict[str, Any] = {
-    "Bridge": routes.Bridge,
-    "RouteBuilder": routes.Route,
     "Message": message.Message,
     "Node": nodes.Node,
     "ReasoningNode": nodes.ReasoningNode,
@@ -82,9 +87,20 @@ SAME_AS_BARGEIN: dict[str, Any] = {
 )
 def test_line_names_import_from_line_module_paths(module: str, name: str) -> None:
     obj = getattr(importlib.import_module(module), name)
-    if name in SAME_AS_BARGEIN:
+    if name in SUBCLASS_OF_BARGEIN:
+        assert issubclass(obj, SUBCLASS_OF_BARGEIN[name]), f"{module}.{name} is not a bargein {name}"
+    elif name in SAME_AS_BARGEIN:
         assert obj is SAME_AS_BARGEIN[name], f"{module}.{name} is not bargein's own {name}"
-    elif module == "bargein.line.events" and name[0].isupper() and name not in ("EventType", "EventInstance"):
+    elif (
+        module == "bargein.line.events"
+        and name[0].isupper()
+        and name
+        not in (
+            "EventType",
+            "EventInstance",
+            "EventsRegistry",
+        )
+    ):
         assert obj is getattr(bargein, name), f"{module}.{name} is not bargein.{name}"
 
 
@@ -111,10 +127,11 @@ def test_route_methods_have_lines_arguments() -> None:
     from bargein.line import RouteBuilder
 
     interrupt = _params(RouteBuilder.interrupt_on)
+    assert list(interrupt)[1:4] == ["event_type", "handler", "filter_fn"]  # Line's, positionally too
     assert interrupt["handler"].default is None and interrupt["filter_fn"].default is None
     assert "condition" in interrupt  # the seed's name for filter_fn
     for method in (RouteBuilder.suspend_on, RouteBuilder.resume_on):
-        assert list(_params(method))[1:3] == ["event", "handler"]
+        assert list(_params(method))[1:3] == ["event_type", "handler"]
     assert _params(RouteBuilder.broadcast)["event_type"].default is None
     for name in ("map", "filter", "stream", "on"):
         assert callable(getattr(RouteBuilder, name))

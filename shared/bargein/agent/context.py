@@ -3,7 +3,9 @@
 ``ConversationContext`` follows Line 0.1's shape. The history it holds is the *committed* one: an
 interrupted assistant message is cut to what the caller actually received (see
 :mod:`bargein.agent.nodes`), so ``format_messages`` never feeds the model words the user never heard.
-``format_events`` is Line's plain-text rendering, kept as Line had it.
+``format_events`` is Line's plain-text rendering, kept as Line had it. ``get_committed_events`` is
+exact for bargein's history, and Line's alignment by text when the history holds ``AgentSpeechSent``
+(:mod:`bargein.agent.committed`).
 
 :data:`messages` is a read-only view of the current generation's formatted messages. The seed's
 ``InterruptAwareNode`` calls ``self.llm_client.generate_stream(messages)`` with ``messages`` as a
@@ -17,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from bargein.agent.committed import commit_spoken
 from bargein.agent.events import (
     AgentResponse,
     AgentSpeechSent,
@@ -74,9 +77,15 @@ class ConversationContext:
     def get_committed_events(self) -> list[Event]:
         """The events as the caller experienced them.
 
-        Assistant messages in the history are already cut to the delivered text by turn and seq
-        (exact, not aligned after the fact), so this is the history without empty assistant turns.
+        bargein's own history is exact: assistant messages are already cut to the delivered text by
+        turn and seq, so with no ``AgentSpeechSent`` in it this is the history without empty
+        assistant turns. A history that holds ``AgentSpeechSent`` (a Line agent feeding its speech
+        reports into its context) is read as Line read it: each report commits the part of the text
+        generated before it that was spoken, and generated text never reported spoken is left out
+        (:func:`~bargein.agent.committed.commit_spoken`).
         """
+        if any(isinstance(ev, AgentSpeechSent) for ev in self.events):
+            return commit_spoken(self.events)
         return [ev for ev in self.events if not (isinstance(ev, AgentResponse) and not ev.content)]
 
     def copy(self) -> ConversationContext:

@@ -12,13 +12,14 @@ publish them at high priority.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bargein.errors import UnknownEventType
 
 __all__ = [
+    "CALLER_EVENTS",
     "SAMPLE_RATE",
     "SAMPLE_WIDTH",
     "AgentError",
@@ -53,6 +54,11 @@ __all__ = [
     "UserTranscriptionReceived",
     "UserUnknownInputReceived",
     "event_type",
+    "is_control",
+    "is_registered",
+    "lane_of",
+    "payload_of",
+    "register_model",
     "registered_event_types",
 ]
 
@@ -94,8 +100,48 @@ class Event(BaseModel):
         return payload
 
 
+def register_model(cls: type[BaseModel]) -> None:
+    """Let a plain pydantic model travel as an event, under its class name.
+
+    Line's events were plain ``BaseModel`` s, and Line agents define their own that way
+    (``class LeadsAnalysis(BaseModel)``, routed with ``bridge.on(LeadsAnalysis)``). bargein's Line
+    layer registers such a class when a route names it, so the session's checkpoints and the bus
+    can carry it; it is always data (never overtakes), on the events lane. :class:`Event`
+    subclasses register themselves."""
+    if issubclass(cls, Event):
+        return
+    name = cls.__name__
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing.__module__ != cls.__module__:  # one module: a redefinition
+        raise TypeError(
+            f"event type name {name!r} is already defined in {existing.__module__}; "
+            "event class names must be unique because they are the wire name"
+        )
+    _REGISTRY[name] = cast(type[Event], cls)  # behaves as one on the wire (see payload_of)
+
+
+def is_registered(cls: type) -> bool:
+    """Whether instances of ``cls`` can travel (an :class:`Event`, or a registered plain model)."""
+    return _REGISTRY.get(cls.__name__) is cls
+
+
+def payload_of(event: BaseModel) -> dict[str, Any]:
+    """An event's fields for the wire (a registered plain model's too)."""
+    return event.to_payload() if isinstance(event, Event) else event.model_dump(mode="json")
+
+
+def is_control(cls: type[BaseModel]) -> bool:
+    return issubclass(cls, Event) and cls.control
+
+
+def lane_of(cls: type[BaseModel]) -> str:
+    return cls.lane if issubclass(cls, Event) else "events"
+
+
 def event_type(name: str) -> type[Event]:
-    """The registered event class called ``name``; :class:`UnknownEventType` otherwise."""
+    """The registered event class called ``name``; :class:`UnknownEventType` otherwise. (A plain
+    model registered with :func:`register_model` is returned as one: read ``control`` and
+    ``lane`` through :func:`is_control` and :func:`lane_of`.)"""
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -167,12 +213,13 @@ class AgentError(Event):
 class ToolCall(Event):
     tool_name: str
     tool_args: dict[str, Any] = Field(default_factory=dict)
+    # None, not Line's random uuid: a resumed turn re-runs its generation and must produce the same
     tool_call_id: str | None = None
     raw_response: dict[str, Any] = Field(default_factory=dict)
 
 
 class ToolResult(Event):
-    tool_name: str
+    tool_name: str = ""
     tool_args: dict[str, Any] = Field(default_factory=dict)
     result: Any = None
     error: str | None = None
@@ -264,6 +311,11 @@ class AgentHandoff(Event, control=True):
 class EndCall(Event):
     reason: str = ""
 
+    @property
+    def content(self) -> str:
+        """Line's: the event as text (its harness logged and showed it)."""
+        return repr(self)
+
 
 class TransferCall(Event):
     target_phone_number: str = ""
@@ -322,3 +374,20 @@ class HeardRecord(Event, control=True):
     interrupted answer to what was really heard, and its first new turn waits for it."""
 
     turns: list[HeardTurn] = Field(default_factory=list)
+
+
+CALLER_EVENTS: Final = (
+    AgentResponse,
+    AgentGenerationComplete,
+    AgentError,
+    SessionError,
+    ToolCall,
+    ToolResult,
+    EndCall,
+    TransferCall,
+    LogMetric,
+    DTMFOutputEvent,
+)
+"""What a speaking node's broadcasts send to the caller, in an agent that names one (Line's style:
+Line's user bridge forwarded these to its harness). Anything else it broadcasts (an agent's own
+events, say) is heard by the session's bridges only."""

@@ -16,7 +16,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
 
 from bargein.agent.calling import close_generator
 from bargein.agent.context import ConversationContext, set_current_context
@@ -28,10 +29,8 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.llm import LLMClient, llm_from_settings
+from bargein.agent.message import Message
 from bargein.agent.turn import current_run
-
-if TYPE_CHECKING:
-    from bargein.agent.message import Message
 
 log = logging.getLogger("bargein.agent.nodes")
 
@@ -144,9 +143,9 @@ class ReasoningNode(Node):
     def add_event(self, event: Event | Message) -> None:
         """Append to the history. Consecutive text events of one kind (user transcripts, agent
         responses, speech sent) merge into one by plain concatenation, as in Line."""
-        ev = getattr(event, "event", event)
-        if not isinstance(ev, Event):
-            raise TypeError(f"add_event takes an Event or Message, got {type(event).__name__}")
+        ev = event.event if isinstance(event, Message) else event
+        if not isinstance(ev, BaseModel):  # Line's events were plain pydantic models: those are fine
+            raise TypeError(f"add_event takes an event (a pydantic model) or a Message, not {event!r:.60}")
         last = self.conversation_events[-1] if self.conversation_events else None
         if isinstance(ev, _MERGED) and isinstance(last, _MERGED) and type(ev) is type(last):
             self.conversation_events[-1] = type(ev)(content=last.content + ev.content)
@@ -238,11 +237,15 @@ class ReasoningNode(Node):
         """Generate an answer to ``context_events`` whose first ``len(heard)`` characters the caller
         already has (skipped), and keep history[start:start+length] as this answer."""
         self.current_response = heard
-        self.context = ConversationContext(events=list(context_events), system_prompt=self.system_prompt)
-        set_current_context(self.context)
+        context = ConversationContext(events=list(context_events), system_prompt=self.system_prompt)
+        # ``self.context`` is the running generation's context (the seed's handlers copy it), unless
+        # the node keeps an object of its own there (Line let it: personal_banking's BankContext)
+        if getattr(self, "context", None) is None or isinstance(self.context, ConversationContext):
+            self.context = context
+        set_current_context(context)
         produced: list[Event] = []
         skip = len(heard)
-        gen = self.process_context(self.context)
+        gen = self.process_context(context)
         try:
             async for item in gen:
                 if isinstance(item, AgentResponse):

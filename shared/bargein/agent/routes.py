@@ -45,6 +45,8 @@ def event_types(spec: Any, what: str) -> tuple[type[Event], ...]:
 class Step:
     kind: StepKind
     fn: Any
+    # bargein's .map() ends the run on None; Line's passed None on (a broadcast then skips it)
+    stops_on_none: bool = True
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,11 @@ class Bridge:
         route = Route(self, matcher)
         self.routes.append(route)
         return route
+
+    def routes_to_run(self) -> list[Route]:
+        """The routes a session runs for this bridge (a Line bridge keeps more, for Line's own
+        in-process engine, than the runtime should run)."""
+        return self.routes
 
     def authorize(self, *node_ids: str) -> Bridge:
         """Accept events broadcast by these nodes (Line's API). Until called, a bridge accepts all."""

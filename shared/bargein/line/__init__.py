@@ -16,11 +16,11 @@ Line's top-level exports are here too::
 from __future__ import annotations
 
 from bargein.line.bridge import Bridge
-from bargein.line.bus import Message
+from bargein.line.bus import Bus, Message
 from bargein.line.call_request import AgentConfig, CallRequest, PreCallResult
 from bargein.line.nodes.conversation_context import ConversationContext
 from bargein.line.nodes.reasoning import Node, ReasoningNode
-from bargein.line.routes import RouteBuilder
+from bargein.line.routes import RouteBuilder, RouteConfig
 from bargein.line.system import LineAdapter
 from bargein.line.user_bridge import register_observability_event
 from bargein.line.voice_agent_app import VoiceAgentApp
@@ -33,6 +33,7 @@ register_adapter(LineAdapter())
 __all__ = [
     "AgentConfig",
     "Bridge",
+    "Bus",
     "CallRequest",
     "ConversationContext",
     "Message",
@@ -40,6 +41,7 @@ __all__ = [
     "PreCallResult",
     "ReasoningNode",
     "RouteBuilder",
+    "RouteConfig",
     "VoiceAgentApp",
     "VoiceAgentSystem",
     "register_observability_event",

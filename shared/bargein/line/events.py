@@ -54,7 +54,27 @@ EventInstance: TypeAlias = Event
 """An event object (Line: ``T``)."""
 
 EventTypeOrAlias: TypeAlias = type[Event] | str
-"""Line also accepted string aliases in ``bridge.on``; bargein routes on classes only."""
+"""A class, or a string pattern over :class:`EventsRegistry` aliases (``"user.*"``, ``"*"``)."""
+
+
+class EventsRegistry:
+    """Line's registry of string aliases for event classes (``bridge.on("user.*")`` matches the
+    classes whose alias fits the pattern). One per process, as Line's was."""
+
+    events: dict[type, str] = {}
+
+    @classmethod
+    def register(cls, alias: str, event_type: type) -> None:
+        if event_type in cls.events:
+            raise ValueError(f"{event_type.__name__} already has the alias {cls.events[event_type]!r}")
+        if not isinstance(alias, str):
+            raise TypeError(f"an alias is a string, got {alias!r}")
+        cls.events[event_type] = alias
+
+    @classmethod
+    def get(cls, event_type: type) -> str | None:
+        return cls.events.get(event_type)
+
 
 __all__ = [
     "AgentError",
@@ -74,6 +94,7 @@ __all__ = [
     "EventInstance",
     "EventType",
     "EventTypeOrAlias",
+    "EventsRegistry",
     "LogMetric",
     "ToolCall",
     "ToolResult",

@@ -33,13 +33,14 @@ import inspect
 import logging
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from opentelemetry.trace import Span
+from pydantic import BaseModel
 
 from bargein import tracing
 from bargein.agent.calling import call_flexible, close_generator
-from bargein.agent.events import AgentError, Event
+from bargein.agent.events import AgentError, Event, register_model
 from bargein.agent.message import Message
 from bargein.agent.routes import Bridge, Callback, Clause, Route
 from bargein.agent.turn import reset_current_run, set_current_run
@@ -238,6 +239,9 @@ def as_event(value: Any, event_type: type[Event] | None) -> Event:
     """What ``.broadcast()`` publishes for a value: the event itself, or ``event_type`` wrapping it."""
     if isinstance(value, Event) and (event_type is None or isinstance(value, event_type)):
         return value
+    if isinstance(value, BaseModel) and event_type is None:  # a plain pydantic model: Line's events
+        register_model(type(value))
+        return cast(Event, value)
     if event_type is not None:
         if isinstance(value, dict):
             return event_type(**value)
@@ -453,13 +457,14 @@ class RouteExecutor:
             step = steps[i]
             if step.kind == "map":
                 value = await call_flexible(step.fn, value)
-                if value is None:
+                if value is None and step.stops_on_none:
                     return
             elif step.kind == "filter":
                 if not await call_flexible(step.fn, value):
                     return
             elif step.kind == "broadcast":
-                await run.publish(value, step.fn)
+                if value is not None:  # nothing to say (Line's rule): not an error
+                    await run.publish(value, step.fn)
             else:  # stream: the rest of the route runs once per yielded item
                 await self._stream(step.fn(value), run, i + 1)
                 return

@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,8 +35,10 @@ from opentelemetry.trace import SpanKind
 
 from bargein import tracing
 from bargein.agent.events import (
+    CALLER_EVENTS,
     AgentGenerationComplete,
     AgentResponse,
+    AgentSpeechSent,
     EndCall,
     Event,
     HeardRecord,
@@ -117,7 +121,7 @@ class SessionRuntime(SessionProcessor):
         self._name_nodes()
         restored = await self._restore()
         for b, bridge in enumerate(self.bridges):
-            for r, route in enumerate(bridge.routes):
+            for r, route in enumerate(bridge.routes_to_run()):
                 executor = RouteExecutor(route, self, f"{b}.{r}")
                 if executor.key in self._restored_routes:
                     executor.restore(_route_state(self._restored_routes[executor.key]))
@@ -238,8 +242,11 @@ class SessionRuntime(SessionProcessor):
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         message = message_of(envelope, event)
         if isinstance(event, SpeechDelivered | HeardRecord):
+            before = self.ledger.delivered_text(event.turn) if isinstance(event, SpeechDelivered) else ""
             if self._on_delivery_report(event):
                 await self.checkpoint()  # an interrupted answer was corrected: keep it that way
+            if isinstance(event, SpeechDelivered):  # in order with what the caller says next
+                await self._speech_sent(message, before, self.ledger.delivered_text(event.turn))
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
@@ -266,6 +273,15 @@ class SessionRuntime(SessionProcessor):
                 for turn in turns:
                     amended |= node.amend_interrupted_turn(turn, self.ledger.delivered_text(turn))
         return amended
+
+    async def _speech_sent(self, report: Message, before: str, after: str) -> None:
+        """Tell the bridges what more of a turn the caller was sent, as ``AgentSpeechSent`` (Line's
+        agents route it into their history and read it back with ``get_committed_events``)."""
+        if len(after) <= len(before) or not after.startswith(before):
+            return
+        if self._heard_by_bridges(AgentSpeechSent):
+            sent = AgentSpeechSent(content=after[len(before) :])
+            await self._dispatch(dataclasses.replace(report, event=sent, id=uuid.uuid4().hex))
 
     async def _dispatch_loop(self) -> None:
         """Dispatches what the session's own bridges broadcast, for its other bridges."""
@@ -340,13 +356,18 @@ class SessionRuntime(SessionProcessor):
         envelope = Envelope.wrap(
             self.session_id, event, turn=turn, seq=seq, epoch=self.epoch, source=run.bridge.node.id or ""
         )
-        if self.speaking_bridge is None or run.bridge is self.speaking_bridge:
+        # A plain agent's broadcasts all reach the caller; with a speaking node (Line's style) only
+        # its events the caller has a use for do, as Line's user bridge forwarded only those
+        to_caller = self.speaking_bridge is None or (
+            run.bridge is self.speaking_bridge and isinstance(event, CALLER_EVENTS)
+        )
+        if to_caller:
             if isinstance(event, AgentResponse):
                 self.ledger.published(turn, seq, event.content)
             await self.transport.publish(envelope, OUT)
             self.count("published")
         else:
-            self.count("background_outputs")  # a background node: heard by the other bridges only
+            self.count("background_outputs")  # heard by the session's bridges only
         # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,
         # which is the common case and keeps a busy worker's event loop free for interrupts
         if self._heard_by_bridges(type(event)):
@@ -356,9 +377,9 @@ class SessionRuntime(SessionProcessor):
         """Events that always cut off a turn the caller hears (no condition on the clause)."""
         bridges = [self.speaking_bridge] if self.speaking_bridge is not None else self.bridges
         return {
-            event.type_name()
+            event.__name__
             for bridge in bridges
-            for route in bridge.routes
+            for route in bridge.routes_to_run()
             if route.runs_as_turns
             for clause in route.interrupts
             if clause.condition is None

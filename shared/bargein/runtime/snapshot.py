@@ -13,9 +13,10 @@ import logging
 from typing import Any
 
 import msgpack
+from pydantic import BaseModel
 
 from bargein.agent.context import ConversationContext
-from bargein.agent.events import Event, event_type
+from bargein.agent.events import Event, event_type, is_registered, payload_of
 from bargein.errors import BargeinError
 
 log = logging.getLogger("bargein.runtime.snapshot")
@@ -30,8 +31,8 @@ class SnapshotError(BargeinError):
 
 
 def _default(obj: Any) -> Any:
-    if isinstance(obj, Event):
-        return msgpack.ExtType(_EXT_EVENT, _pack([obj.type_name(), obj.to_payload()]))
+    if isinstance(obj, Event) or (isinstance(obj, BaseModel) and is_registered(type(obj))):
+        return msgpack.ExtType(_EXT_EVENT, _pack([type(obj).__name__, payload_of(obj)]))
     if isinstance(obj, ConversationContext):
         return msgpack.ExtType(_EXT_CONTEXT, _pack([obj.events, obj.system_prompt, obj.metadata]))
     if isinstance(obj, tuple | set | frozenset):

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bargein.agent.events import Event, event_type
+from bargein.agent.events import Event, event_type, is_control, lane_of, payload_of
 from bargein.agent.message import Message, Source
 from bargein.errors import (
     InvalidEnvelope,
@@ -68,15 +68,15 @@ class Envelope(BaseModel):
         """An envelope for ``event``; unless told otherwise it carries the current trace context."""
         validate_session_id(session)
         fields.setdefault("trace", current_carrier())
-        return cls(type=event.type_name(), session=session, payload=event.to_payload(), **fields)
+        return cls(type=type(event).__name__, session=session, payload=payload_of(event), **fields)
 
     @property
     def control(self) -> bool:
-        return event_type(self.type).control
+        return is_control(event_type(self.type))
 
     @property
     def lane(self) -> str:
-        return event_type(self.type).lane
+        return lane_of(event_type(self.type))
 
     def event(self) -> Event:
         """The typed event; :class:`InvalidEnvelope` if the payload does not fit the type."""
@@ -157,7 +157,7 @@ def encode_message(message: Message) -> bytes:
     """A message as bytes, for checkpoints (a trigger an adopter must run again)."""
     return encode(
         Envelope(
-            type=message.event.type_name(),
+            type=type(message.event).__name__,
             session=message.session,
             turn=message.turn,
             seq=message.seq,
@@ -166,7 +166,7 @@ def encode_message(message: Message) -> bytes:
             id=message.id,
             source=message.source,
             trace=dict(message.trace),
-            payload=message.event.to_payload(),
+            payload=payload_of(message.event),
         )
     )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from bargein.agent.events import event_type
+from bargein.agent.events import event_type, is_control
 from bargein.errors import UnknownEventType
 
 Direction = Literal["in", "out"]
@@ -55,7 +55,7 @@ def kind_of(event_name: str) -> Kind:
     """``control`` for events that overtake data; ``data`` for the rest, and for names no event
     type has (a malformed message still needs a key, to be dead-lettered by its consumer)."""
     try:
-        return CONTROL if event_type(event_name).control else DATA
+        return CONTROL if is_control(event_type(event_name)) else DATA
     except UnknownEventType:
         return DATA
 
