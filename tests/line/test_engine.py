@@ -20,6 +20,7 @@ from bargein.line.events import (
     AgentSpeechSent,
     DTMFInputEvent,
     EventsRegistry,
+    LogMetric,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -294,3 +295,65 @@ async def test_agent_speech_sent_tells_a_line_agent_what_the_caller_was_sent() -
     ]
     assert committed[1].content == "alpha beta gamma delta epsilon zeta"  # type: ignore[attr-defined]
     assert committed[3].content == heard.rstrip()  # type: ignore[attr-defined]  # Line commits to the last word
+
+
+async def test_a_debouncing_map_sees_the_next_key_press_while_it_waits() -> None:
+    # dtmf_storyteller: on(DTMFInputEvent).map(on_dtmf_event) sleeps, then answers only if no newer
+    # key came meanwhile; Line ran each message as a task of its own, so two quick presses gave one
+    # answer (here they were taken one after the other, and gave two)
+    class KeysDone(BaseModel):
+        buttons: str
+
+    answers: list[str] = []
+
+    def build(system: VoiceAgentSystem) -> None:
+        node = Node(node_id="keys")
+        bridge = Bridge(node)
+        state: dict[str, Any] = {"latest": None, "buttons": ""}
+
+        async def debounce(message: Message) -> KeysDone | None:
+            state["latest"] = message.id
+            state["buttons"] += message.event.button
+            await asyncio.sleep(0.3)
+            if state["latest"] != message.id:
+                return None  # another key came: that one answers
+            done, state["buttons"] = KeysDone(buttons=state["buttons"]), ""
+            return done
+
+        bridge.on(DTMFInputEvent).map(debounce).broadcast()
+        bridge.on(KeysDone).map(lambda m: answers.append(m.event.buttons))
+        system.with_speaking_node(node, bridge)
+
+    async def press_later(session: LocalSession, button: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await session.emit(DTMFInputEvent(button=button))
+
+    async with LocalSession(line_agent(build)) as session:
+        await asyncio.gather(press_later(session, "1", 0), press_later(session, "2", 0.05))
+        await asyncio.sleep(0.5)
+    assert answers == ["12"]
+
+
+async def test_clearing_the_history_mid_answer_keeps_only_what_comes_after() -> None:
+    # form-filling yields a LogMetric, clears its context, then asks the next question: on Line the
+    # history then held the question only
+    nodes: list[ReasoningNode] = []
+
+    class Form(ReasoningNode):
+        async def process_context(self, context: ConversationContext) -> Any:
+            yield LogMetric(name="answered", value=1)
+            self.clear_context()
+            yield AgentResponse(content="Next question?")
+
+    def build(system: VoiceAgentSystem) -> None:
+        node = Form(node_id="form")
+        bridge = Bridge(node)
+        bridge.on(UserTranscriptionReceived).map(node.add_event)
+        bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+        system.with_speaking_node(node, bridge)
+        nodes.append(node)
+
+    async with LocalSession(line_agent(build)) as session:
+        await ask(session, "my answer")
+        await session.collect_turn()
+    assert nodes[0].conversation_events == [AgentResponse(content="Next question?")]

@@ -511,3 +511,14 @@ def test_context_log(caplog: pytest.LogCaptureFixture) -> None:
     assert logged[0] == "[START] warm up" and logged[1].startswith("[EXIT] warm up. duration=")
     assert logged[2] == "[START] lookup" and logged[3].startswith("[ERROR] lookup. duration=")
     assert logged[4].startswith("[EXIT] lookup.")
+
+
+def test_an_answer_that_said_nothing_is_not_sent_to_the_model() -> None:
+    # bargein keeps an empty AgentResponse where a turn produced nothing; Line stored nothing there
+    events = [
+        UserTranscriptionReceived(content="hi"),
+        AgentResponse(content=""),
+        UserTranscriptionReceived(content="?"),
+    ]
+    assert [c.role for c in convert_messages_to_gemini(events)] == ["user", "user"]
+    assert [m["role"] for m in convert_messages_to_openai(events)] == ["user", "user"]

@@ -127,6 +127,7 @@ class ReasoningNode(Node):
         self._llm_client = llm_client
         self._interrupted: dict[int, _InterruptedTurn] = {}
         self._resumable: _InterruptedTurn | None = None  # the last cut-off answer, until a new turn
+        self._clears = 0  # how often clear_context ran (an answer in progress notices)
 
     @property
     def llm_client(self) -> LLMClient:
@@ -159,6 +160,7 @@ class ReasoningNode(Node):
     def clear_context(self) -> list[Event]:
         """Forget the history; returns what it held (as Line did)."""
         cleared, self.conversation_events = self.conversation_events, []
+        self._clears += 1  # an answer being generated keeps only what it produces from now on
         self._interrupted.clear()
         self._resumable = None
         return cleared
@@ -245,9 +247,12 @@ class ReasoningNode(Node):
         set_current_context(context)
         produced: list[Event] = []
         skip = len(heard)
+        clears = self._clears
         gen = self.process_context(context)
         try:
             async for item in gen:
+                if self._clears != clears:  # the node cleared its history mid-answer (Line let it)
+                    clears, produced, start, length = self._clears, [], len(self.conversation_events), 0
                 if isinstance(item, AgentResponse):
                     _append_text(produced, item.content)
                     text, skip = item.content[skip:], max(0, skip - len(item.content))
@@ -264,6 +269,8 @@ class ReasoningNode(Node):
             if isinstance(exc, asyncio.CancelledError | GeneratorExit):
                 self._record_interrupted(produced, heard, context_events, start, length)
             raise
+        if self._clears != clears:
+            produced, start, length = [], len(self.conversation_events), 0
         self.conversation_events[start : start + length] = produced or [AgentResponse(content="")]
         yield AgentGenerationComplete()
 

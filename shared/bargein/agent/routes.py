@@ -141,6 +141,9 @@ class Route:
         self.interrupts: list[Clause] = []
         self.suspends: list[Clause] = []
         self.resumes: list[Clause] = []
+        # Line ran every message through a route as a task of its own, so a slow .map() (a debounce
+        # that sleeps) never held up the next message; bargein's routes take them in order
+        self.concurrent = False
 
     # --- the DSL ---------------------------------------------------------------------------------
 

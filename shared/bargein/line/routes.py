@@ -167,6 +167,7 @@ class RouteBuilder(Route):
         self.route_config = RouteConfig()
         super().__init__(bridge, _Pattern(pattern, self.route_config))  # type: ignore[arg-type]
         self.route_handler: RouteHandler | None = None
+        self.concurrent = True  # on the runtime too, a route that is not a turn takes messages at once
 
     def _set_route_handler(self, route_handler: RouteHandler) -> None:
         self.route_handler = route_handler

@@ -266,6 +266,7 @@ class RouteExecutor:
         self.active: TurnRun | None = None  # the running turn (turn routes)
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._running: dict[asyncio.Task[None], Work] = {}  # a concurrent route's work under way
 
     def start(self) -> None:
         self._worker = asyncio.create_task(self._work(), name=f"route:{self.host.session_id}:{self.key}")
@@ -274,6 +275,8 @@ class RouteExecutor:
         """Stop the worker where it stands (it starts nothing more); :meth:`close` waits for it."""
         if self._worker is not None:
             self._worker.cancel()
+        for task in self._running:
+            task.cancel()
 
     async def close(self) -> None:
         self.stop()
@@ -281,13 +284,17 @@ class RouteExecutor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+        await asyncio.gather(*self._running, return_exceptions=True)
 
     @property
     def oldest_index(self) -> int | None:
         """The dispatch index of the oldest event this route has not finished with."""
+        unfinished = [w.index for w in self._running.values()]
         if self.current is not None:
-            return self.current.index
-        return self.queue[0].index if self.queue else None
+            unfinished.append(self.current.index)
+        elif self.queue:
+            unfinished.append(self.queue[0].index)
+        return min(unfinished, default=None)
 
     # --- the dispatcher's side: never waits for the route's work --------------------------------
 
@@ -406,11 +413,24 @@ class RouteExecutor:
             self.host.count("triggers_while_suspended")
         elif self.turns:
             await self._run_turn(work)
+        elif route.concurrent:  # Line's way: this message's run goes on while the next is taken
+            task = asyncio.create_task(
+                self._run_inline(work), name=f"route:{self.host.session_id}:{self.key}"
+            )
+            self._running[task] = work
+            task.add_done_callback(self._inline_done)
         else:
-            if await self._matches(work.message):
-                run = TurnRun(self.host, work.message, route.bridge, index=work.index)
-                await self.host.guard(run.run_inline(self._execute(work.message, run)), "route")
-            self.host.checkpoint_soon()
+            await self._run_inline(work)
+
+    async def _run_inline(self, work: Work) -> None:
+        if await self._matches(work.message):
+            run = TurnRun(self.host, work.message, self.route.bridge, index=work.index)
+            await self.host.guard(run.run_inline(self._execute(work.message, run)), "route")
+        self.host.checkpoint_soon()
+
+    def _inline_done(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        self.host.progressed()
 
     async def _matches(self, message: Message) -> bool:
         matched = await self.host.guard(self.route.matcher.matches(message), "filter", default=False)
@@ -496,6 +516,7 @@ class RouteExecutor:
             work.append(Work(kind, run.trigger, run.index, run.turn, run.interrupted_by, run.clause))
         elif self.current is not None and not self.current.dropped:
             work.append(self.current)
+        work[:0] = sorted(self._running.values(), key=lambda w: w.index)  # run again by an adopter
         work.extend(self.queue)
         return {"suspended": self.suspended, "work": [w.to_state() for w in work]}
 

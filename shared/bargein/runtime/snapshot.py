@@ -3,13 +3,25 @@
 A node's state is its public plain-data attributes: numbers, strings, lists, dicts, events and
 conversation contexts (the seed's ``StatefulInterruptNode`` keeps ``self.context.copy()`` in a dict).
 Events and contexts travel as msgpack extension types resolved through the event registry, so
-restoring a checkpoint builds only known, validated types. Attributes that are not plain data
-(clients, sockets, callables) are left out: the agent recreates them when it builds the session.
+restoring a checkpoint builds only known, validated types.
+
+Agents also keep state in objects of their own (Line's form-filling example keeps a form manager,
+personal banking an ``Enum`` state and a pydantic context). Those are checkpointed *by example*: an
+enum by its value, a pydantic model by its fields, any other object by its own checkpointable
+attributes; restoring rebuilds them from the attribute the freshly built node has there (its type
+is the one the agent's code created), so nothing is ever imported by name. Whatever is none of these
+(clients, sockets, callables) is left out: the agent recreates it when it builds the session.
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import logging
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -23,11 +35,20 @@ log = logging.getLogger("bargein.runtime.snapshot")
 
 _EXT_EVENT = 1
 _EXT_CONTEXT = 2
+_EXT_BY_EXAMPLE = 3  # (kind, data): rebuilt from the fresh node's attribute of the same name
 SNAPSHOT_VERSION = 1
 
 
 class SnapshotError(BargeinError):
     """A checkpoint could not be read back."""
+
+
+@dataclass(frozen=True)
+class _ByExample:
+    """State read back that needs the fresh attribute's type to become an object again."""
+
+    kind: str  # "enum", "model" or "object"
+    data: Any
 
 
 def _default(obj: Any) -> Any:
@@ -40,6 +61,45 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot checkpoint {type(obj).__name__}")
 
 
+MAX_OBJECT_DEPTH = 3  # objects inside objects inside a node, at most (and no cycles)
+
+
+@functools.cache
+def _agent_module(name: str) -> bool:
+    """Whether module ``name`` is the agent's own code, not an installed library or the standard
+    library (a client's innards are not the agent's state)."""
+    module = sys.modules.get(name)
+    where = getattr(module, "__file__", None)
+    if where is None:
+        return False
+    path = os.path.realpath(where)
+    libraries = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return not any(root and path.startswith(os.path.realpath(root) + os.sep) for root in libraries)
+
+
+def _by_example(value: Any, depth: int) -> _ByExample | None:
+    """A value checkpointable only by example (see the module docstring), or None."""
+    if isinstance(value, enum.Enum):
+        kind, data = "enum", value.value
+    elif isinstance(value, BaseModel):
+        kind, data = "model", value.model_dump(mode="json")
+    elif (
+        depth < MAX_OBJECT_DEPTH
+        and hasattr(value, "__dict__")
+        and not callable(value)
+        and not isinstance(value, type)
+        and _agent_module(type(value).__module__)
+    ):
+        kind, data = "object", capture(value, depth + 1)
+    else:
+        return None
+    try:
+        _pack(data)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return _ByExample(kind, data)
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_EVENT:
         name, fields = _unpack(data)
@@ -47,6 +107,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_CONTEXT:
         events, system_prompt, metadata = _unpack(data)
         return ConversationContext(events=list(events), system_prompt=system_prompt, metadata=dict(metadata))
+    if code == _EXT_BY_EXAMPLE:
+        kind, state = _unpack(data)
+        return _ByExample(kind, state)
     raise SnapshotError(f"unknown extension type {code} in checkpoint")
 
 
@@ -55,12 +118,16 @@ def _pack(obj: Any) -> bytes:
     return data
 
 
+def _pack_by_example(value: _ByExample) -> msgpack.ExtType:
+    return msgpack.ExtType(_EXT_BY_EXAMPLE, _pack([value.kind, value.data]))
+
+
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
-def capture(obj: object) -> dict[str, Any]:
-    """The checkpointable public attributes of ``obj`` (a node)."""
+def capture(obj: object, depth: int = 0) -> dict[str, Any]:
+    """The checkpointable public attributes of ``obj`` (a node, or an object a node keeps)."""
     state: dict[str, Any] = {}
     for name, value in vars(obj).items():
         if name.startswith("_"):
@@ -68,15 +135,53 @@ def capture(obj: object) -> dict[str, Any]:
         try:
             _pack(value)
         except (TypeError, ValueError, OverflowError):
-            log.debug("not checkpointing %s.%s (%s)", type(obj).__name__, name, type(value).__name__)
+            example = _by_example(value, depth)
+            if example is None:
+                _skipped(type(obj).__name__, name, type(value).__name__)
+                continue
+            state[name] = _pack_by_example(example)
             continue
         state[name] = value
     return state
 
 
+@functools.cache
+def _skipped(owner: str, name: str, kind: str) -> None:
+    log.info("not checkpointing %s.%s (a %s): a new owner gets the one the agent builds", owner, name, kind)
+
+
 def restore(obj: object, state: dict[str, Any]) -> None:
     for name, value in state.items():
+        if isinstance(value, _ByExample):
+            rebuilt = _rebuild(getattr(obj, name, None), value)
+            if rebuilt is _MISSING:
+                log.warning(
+                    "cannot restore %s.%s: the freshly built one is not a %s",
+                    type(obj).__name__,
+                    name,
+                    value.kind,
+                )
+                continue
+            value = rebuilt
         setattr(obj, name, value)
+
+
+_MISSING = object()
+
+
+def _rebuild(fresh: Any, saved: _ByExample) -> Any:
+    """``saved`` as an object of the fresh attribute's type (``_MISSING`` if that cannot be)."""
+    try:
+        if saved.kind == "enum" and isinstance(fresh, enum.Enum):
+            return type(fresh)(saved.data)
+        if saved.kind == "model" and isinstance(fresh, BaseModel):
+            return type(fresh).model_validate(saved.data)
+        if saved.kind == "object" and hasattr(fresh, "__dict__") and isinstance(saved.data, dict):
+            restore(fresh, saved.data)
+            return fresh
+    except (ValueError, TypeError) as exc:
+        log.warning("cannot restore a %s from its checkpoint: %s", type(fresh).__name__, exc)
+    return _MISSING
 
 
 def dumps(snapshot: dict[str, Any]) -> bytes:

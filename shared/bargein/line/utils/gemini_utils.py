@@ -80,7 +80,8 @@ def convert_messages_to_gemini(
         elif isinstance(event, UserTranscriptionReceived):
             contents.append(types.UserContent(parts=[types.Part.from_text(text=event.content)]))
         elif isinstance(event, AgentResponse):
-            contents.append(types.ModelContent(parts=[types.Part.from_text(text=event.content)]))
+            if event.content:  # an answer that said nothing (bargein keeps its place in the history)
+                contents.append(types.ModelContent(parts=[types.Part.from_text(text=event.content)]))
         elif isinstance(event, DTMFInputEvent):
             contents.append(types.UserContent(parts=[types.Part.from_text(text=event.button)]))
         elif isinstance(event, DTMFOutputEvent):

@@ -51,7 +51,8 @@ def convert_messages_to_openai(
         if kind in convert:
             items.append(convert[kind](event))
         elif isinstance(event, AgentResponse):
-            items.append({"role": "assistant", "content": event.content})
+            if event.content:  # an answer that said nothing (bargein keeps its place in the history)
+                items.append({"role": "assistant", "content": event.content})
         elif isinstance(event, UserTranscriptionReceived):
             items.append({"role": "user", "content": event.content})
         elif isinstance(event, ToolCall):
