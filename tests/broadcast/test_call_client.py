@@ -67,6 +67,7 @@ class FakeEdge:
         self.refuse_sessions = False
         self.reject_tokens = False
         self.end_after_answer = False  # the agent ends the call after its first answer
+        self.greeting_delay: float | None = None  # the agent greets this long after the caller joins
         self.sessions: dict[str, FakeSession] = {}
         self.app = Starlette(
             routes=[
@@ -119,6 +120,9 @@ class _FakeConnection:
             await self.ws.send_json(frame)
 
     async def run(self) -> None:
+        if self.edge.greeting_delay is not None:
+            await asyncio.sleep(self.edge.greeting_delay)
+            self.start_answer()
         try:
             while True:
                 message = await self.ws.receive()
@@ -485,3 +489,21 @@ async def test_real_wav_question_then_barge_in(stack: Stack) -> None:
     # the service waits min_interruption_ms of speech before a burst counts: the figure includes it
     assert clears[0]["ms"] > 0
     assert chunks_after_clear(records) == []
+
+
+async def test_the_caller_lets_the_agents_greeting_finish_before_its_first_text(
+    fake_edge: tuple[FakeEdge, str],
+) -> None:
+    # an agent that greets (Line's examples do): the first text used to cut the greeting off, and
+    # the greeting's end was taken for the answer, so the second text cut off the first answer
+    edge, url = fake_edge
+    edge.greeting_delay, edge.words = 0.2, 5
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_call(url, None, ["hello", "more"], json_lines=True, out=out, err=err, listen_after_s=0.3)
+    assert code == EXIT_OK, err.getvalue()
+    records = entries(out)
+    assert of(records, "clear") == []  # nothing was cut off
+    assert [r["turn"] for r in of(records, "turn_complete")] == [1, 2, 3]  # greeting, two answers
+    events = [r["event"] for r in records]
+    first_text = events.index("user_text")
+    assert events.index("turn_complete") < first_text  # the greeting ended before the caller spoke

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bargein.agent.events import register_model
 from bargein.agent.llm import DEFAULT_REPLIES
 from bargein.examples import line_background, line_counter, line_storyteller
 from bargein.line.events import (
@@ -28,6 +29,7 @@ from bargein.testing.caller import Caller
 from bargein.wire.names import TIER_REASONING, lease_key
 
 from .cluster import Cluster, cluster_env, reset_shared_queues
+from .line_agents import Lead
 from .support import Client, T, ask, chunks, connected_client, text_of
 
 AGENTS = "bargein.examples"
@@ -140,3 +142,21 @@ async def test_line_background_node_reasons_without_reaching_the_caller(client: 
     chat = await client.node_state(caller, "chat")
     tags = [e for e in chat["conversation_events"] if isinstance(e, line_background.TopicTagged)]
     assert [t.topic for t in tags] == ["weather", "travel"]
+
+
+async def test_a_line_agents_plain_pydantic_events_travel_and_survive_a_kill(
+    client: Client, cluster: Cluster
+) -> None:
+    # sales_with_leads' shape: a background node broadcasts plain BaseModel events the speaking
+    # node keeps in its history; the history is in the checkpoint, so another process has it too
+    caller = await client.open({"agent": "tests.integration.line_agents:leads"})
+    await ask(caller, "Ada")
+    assert text_of(await caller.collect_turn(timeout=T)) == "Leads: Ada."
+    register_model(Lead)  # as the worker's bridge.on(Lead) did: so this process can read the checkpoint
+    history = [Lead(name="Ada"), AgentResponse(content="Leads: Ada.")]
+    await client.wait_state(caller, "chat", "conversation_events", history)
+    cluster.by_pid(await client.owner_pid(caller)).kill()
+    cluster.start()
+    await ask(caller, "Grace")
+    assert text_of(await caller.collect_turn(timeout=T)) == "Leads: Ada, Grace."
+    assert not any(type(e).__name__ == "Lead" for _, e in caller.received)  # never sent to the caller

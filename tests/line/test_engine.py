@@ -357,3 +357,34 @@ async def test_clearing_the_history_mid_answer_keeps_only_what_comes_after() -> 
         await ask(session, "my answer")
         await session.collect_turn()
     assert nodes[0].conversation_events == [AgentResponse(content="Next question?")]
+
+
+async def test_a_node_that_keeps_its_own_object_in_self_context_keeps_it() -> None:
+    # personal_banking_handoffs: self.context = BankContext() in the node's __init__, read in
+    # process_context; bargein overwrote it with the generation's ConversationContext every turn
+    class Bank(BaseModel):
+        verified: bool = False
+
+    seen: list[Any] = []
+
+    class Teller(ReasoningNode):
+        def __init__(self) -> None:
+            super().__init__(node_id="teller")
+            self.context = Bank()  # type: ignore[assignment]
+
+        async def process_context(self, context: ConversationContext) -> Any:
+            seen.append(self.context)
+            self.context.verified = True  # type: ignore[attr-defined]
+            yield AgentResponse(content="ok")
+
+    def build(system: VoiceAgentSystem) -> None:
+        node = Teller()
+        bridge = Bridge(node)
+        bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+        system.with_speaking_node(node, bridge)
+
+    async with LocalSession(line_agent(build)) as session:
+        for _ in range(2):
+            await ask(session, "balance")
+            await session.collect_turn()
+    assert [type(c).__name__ for c in seen] == ["Bank", "Bank"] and seen[1].verified

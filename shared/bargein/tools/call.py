@@ -74,6 +74,7 @@ RUN_HANGOVER_MS = 300.0  # this much quieter audio ends a speech run (pauses bet
 
 DEFAULT_LISTEN_AFTER_S = 3.0
 ANSWER_WAIT_S = 20.0  # after the caller's turn ended, how long an answer may take to begin
+GREETING_WAIT_S = 0.8  # before the first text, how long the agent has to start a greeting
 MAX_LINGER_S = 120.0  # after the input is done, the call ends after this whatever is going on
 HANGUP_WAIT_S = 3.0  # after sending "end", how long the "ended" frame may take
 HTTP_TIMEOUT_S = 10.0
@@ -423,6 +424,7 @@ class Call:
             await self.ws.send(silence)
 
     async def send_texts(self) -> None:
+        await self._let_the_agent_greet()
         for i, text in enumerate(self.texts):
             if i:
                 await self._before_next_text()
@@ -432,6 +434,21 @@ class Call:
             self.tl.entry("user_text", "user", f'"{text}"', text=text)
         self.last_activity = time.monotonic()
         self.input_done.set()
+
+    async def _let_the_agent_greet(self) -> None:
+        """A caller lets the agent's greeting finish before speaking (else the first text cuts it
+        off, and the greeting's end is taken for the answer to that text): wait for a greeting to
+        begin, briefly, and if one does, for its end."""
+        began = time.monotonic()
+        while self.ended_reason is None and not self.chunks and time.monotonic() - began < GREETING_WAIT_S:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 0.05)
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while self.ended_reason is None and self.streaming is not None and time.monotonic() < deadline:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 0.1)
 
     async def _before_next_text(self) -> None:
         """Wait for the previous answer: its end, or with ``barge_in_after`` that many of its chunks."""
