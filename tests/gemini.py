@@ -1,8 +1,8 @@
 """A stand-in for Google's Gemini API on loopback: a real HTTP server speaking the
 ``generateContent`` and ``streamGenerateContent`` (server-sent events) JSON shapes, so the real
 ``google-genai`` client (pointed at it with ``GOOGLE_GEMINI_BASE_URL``) is what the agents under test
-use. Each reply is decided by ``answer(request)``: text pieces, streamed one event each, and function
-calls. Every request is kept, for tests to read what the agent sent.
+use. Each reply is decided by ``answer(body)``: text pieces, streamed one event each, and function
+calls. Every request is kept (path, headers, body), for tests to read what the agent sent.
 
 Service processes reach it over loopback as well as the test's own agents do.
 """
@@ -17,6 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
 
 
 @dataclass
@@ -38,11 +45,12 @@ def default_answer(request: dict[str, Any]) -> Reply:
     return Reply(pieces=pieces, delay_s=0.3 if "[slow]" in text else 0.0)
 
 
-def contents(request: dict[str, Any]) -> list[tuple[str, str]]:
-    """(role, text) of each entry of the request's conversation."""
+def contents(request: Request | dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, text) of each entry of a request's conversation (a request, or its body)."""
+    body = request.body if isinstance(request, Request) else request
     return [
         (entry.get("role", ""), "".join(part.get("text", "") for part in entry.get("parts", [])))
-        for entry in request.get("contents", [])
+        for entry in body.get("contents", [])
     ]
 
 
@@ -53,7 +61,7 @@ def last_user_text(request: dict[str, Any]) -> str:
 class GeminiStandIn:
     def __init__(self, answer: Callable[[dict[str, Any]], Reply] = default_answer) -> None:
         self.answer = answer
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[Request] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, name="gemini", daemon=True)
 
@@ -75,7 +83,7 @@ class GeminiStandIn:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
-                stand_in.requests.append(body)
+                stand_in.requests.append(Request(self.path, dict(self.headers), body))
                 reply = stand_in.answer(body)
                 if re.search(r":streamGenerateContent", self.path):
                     self._stream(reply)

@@ -38,7 +38,7 @@ async def test_it_greets_answers_and_sends_gemini_what_the_caller_heard(gemini: 
         ("model", "You said hello."),
         ("user", "again"),
     ]
-    assert gemini.requests[-1]["systemInstruction"]["parts"][0]["text"] == line_gemini_chat.SYSTEM_PROMPT
+    assert gemini.requests[-1].body["systemInstruction"]["parts"][0]["text"] == line_gemini_chat.SYSTEM_PROMPT
 
 
 async def test_a_barge_in_cuts_the_stream_and_the_next_request_has_only_what_was_heard(
@@ -68,7 +68,7 @@ async def test_the_end_call_tool_says_goodbye_and_hangs_up(gemini: GeminiStandIn
         turn = await s.collect_turn()
     assert [type(e) for e in turn[:2]] == [AgentResponse, EndCall]
     assert text_of(turn) == "Goodbye!"
-    declared = gemini.requests[-1]["tools"][0]["functionDeclarations"][0]
+    declared = gemini.requests[-1].body["tools"][0]["functionDeclarations"][0]
     assert declared["name"] == "end_call" and "goodbye_message" in str(declared)
 
 
@@ -78,5 +78,5 @@ async def test_the_call_request_configures_the_prompt_and_the_greeting(gemini: G
         await ask(s, "ahoy")  # no greeting: the first turn is the caller's
         assert text_of(await s.collect_turn()) == "You said ahoy."
     await wait_for(lambda: bool(gemini.requests))
-    assert gemini.requests[0]["systemInstruction"]["parts"][0]["text"] == "You are a pirate."
+    assert gemini.requests[0].body["systemInstruction"]["parts"][0]["text"] == "You are a pirate."
     assert contents(gemini.requests[0]) == [("user", "ahoy")]

@@ -10,10 +10,7 @@ on 127.0.0.1 that answers ``generateContent`` in the API's JSON shape, which the
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -44,57 +41,42 @@ from bargein.line.events import (
     UserTranscriptionReceived,
 )
 from bargein.line.events import ToolCall as ToolCallEvent
+from tests.gemini import GeminiStandIn, Reply, Request
 
 # --- a Gemini stand-in -----------------------------------------------------------------------------
 
 
-@dataclass
-class GeminiStandIn:
-    """Answers each generateContent request with ``answer(prompt)``; keeps every request."""
+class Judge:
+    """The Gemini the similarity checks ask (``tests/gemini.py`` on loopback): it answers each
+    prompt with ``answer(prompt)``."""
 
-    answer: Callable[[str], str] = lambda prompt: "YES"
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.answer: Callable[[str], str] = lambda prompt: "YES"
+        self.server = GeminiStandIn(lambda body: Reply(pieces=[self.answer(_prompt(body))]))
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.server.requests
 
     @property
     def prompts(self) -> list[str]:
-        return [r["body"]["contents"][0]["parts"][0]["text"] for r in self.requests]
+        return [_prompt(r.body) for r in self.requests]
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    text: str = body["contents"][0]["parts"][0]["text"]
+    return text
 
 
 @pytest.fixture
-def gemini(monkeypatch: pytest.MonkeyPatch) -> Iterator[GeminiStandIn]:
-    stand_in = GeminiStandIn()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            stand_in.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-            prompt = body["contents"][0]["parts"][0]["text"]
-            reply = {
-                "candidates": [{"content": {"role": "model", "parts": [{"text": stand_in.answer(prompt)}]}}]
-            }
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("GEMINI_API_KEY", "test-key")
-    for name in ("GOOGLE_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT"):
-        monkeypatch.delenv(name, raising=False)
-    try:
-        yield stand_in
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def gemini(monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
+    judge = Judge()
+    with judge.server:
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", judge.server.url)
+        monkeypatch.setenv("GEMINI_API_KEY", "test-key")
+        for name in ("GOOGLE_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT"):
+            monkeypatch.delenv(name, raising=False)
+        yield judge
 
 
 @pytest.fixture
@@ -356,7 +338,7 @@ async def test_a_default_reasoning_node_on_the_scripted_model_runs_too(offline: 
 # --- with the Gemini stand-in ----------------------------------------------------------------------
 
 
-def test_different_texts_are_judged_by_gemini(gemini: GeminiStandIn) -> None:
+def test_different_texts_are_judged_by_gemini(gemini: Judge) -> None:
     gemini.answer = lambda prompt: "YES"
     assert is_similar_str("What's your name?", "Who am I speaking with?") == SimilarityResult(True, None)
     gemini.answer = lambda prompt: "NO: one asks for a name, the other for an age"
@@ -367,13 +349,13 @@ def test_different_texts_are_judged_by_gemini(gemini: GeminiStandIn) -> None:
     assert unclear.is_success is False and unclear.error and "Maybe?" in unclear.error
 
     first = gemini.requests[0]
-    assert first["path"].endswith(f"models/{SIMILARITY_MODEL}:generateContent")
-    assert first["headers"].get("x-goog-api-key") == "test-key"
-    assert first["body"]["generationConfig"]["temperature"] == pytest.approx(0.1)
+    assert first.path.endswith(f"models/{SIMILARITY_MODEL}:generateContent")
+    assert first.headers.get("x-goog-api-key") == "test-key"
+    assert first.body["generationConfig"]["temperature"] == pytest.approx(0.1)
     assert "What's your name?" in gemini.prompts[0] and "Who am I speaking with?" in gemini.prompts[0]
 
 
-def test_a_statement_is_checked_against_the_text_by_gemini(gemini: GeminiStandIn) -> None:
+def test_a_statement_is_checked_against_the_text_by_gemini(gemini: Judge) -> None:
     gemini.answer = lambda prompt: "YES" if "Who is calling" in prompt else "NO: it does not ask"
     assert is_similar_str("<asks for the caller's name>", "Who is calling, please?").is_success
     refused = is_similar_str("Please hold.", "<asks for the caller's name>")
@@ -384,14 +366,14 @@ def test_a_statement_is_checked_against_the_text_by_gemini(gemini: GeminiStandIn
     )
 
 
-def test_gemini_is_not_asked_when_the_rules_decide(gemini: GeminiStandIn) -> None:
+def test_gemini_is_not_asked_when_the_rules_decide(gemini: Judge) -> None:
     is_similar_str("*", "x")
     is_similar_str("Same", "same")
     is_similar_dict({"a": "A"}, {"a": "a"})
     assert gemini.requests == []
 
 
-async def test_the_runner_fails_a_turn_gemini_says_differs(gemini: GeminiStandIn) -> None:
+async def test_the_runner_fails_a_turn_gemini_says_differs(gemini: Judge) -> None:
     gemini.answer = lambda prompt: "NO: it talks about hours, not prices" if "nine" in prompt else "YES"
     ok = [UserTurn(text="hi"), AgentTurn(text="Hi, what can I do for you?")]
     await ConversationRunner(Concierge(), ok).run()
@@ -402,7 +384,7 @@ async def test_the_runner_fails_a_turn_gemini_says_differs(gemini: GeminiStandIn
     assert len(gemini.requests) == 2
 
 
-async def test_an_initial_agent_message_that_gemini_rejects_fails_the_run(gemini: GeminiStandIn) -> None:
+async def test_an_initial_agent_message_that_gemini_rejects_fails_the_run(gemini: Judge) -> None:
     gemini.answer = lambda prompt: "NO: a different greeting"
     runner = ConversationRunner(
         Concierge(),
@@ -417,7 +399,7 @@ async def test_an_initial_agent_message_that_gemini_rejects_fails_the_run(gemini
 
 
 async def test_the_initial_agent_message_may_match_any_text_the_opening_turn_lists(
-    gemini: GeminiStandIn,
+    gemini: Judge,
 ) -> None:
     gemini.answer = lambda prompt: "NO: a different greeting"
     turns = [AgentTurn(text=["Welcome!", "Hello!"]), UserTurn(text="hi"), AgentTurn(text="*")]
