@@ -388,3 +388,22 @@ async def test_a_node_that_keeps_its_own_object_in_self_context_keeps_it() -> No
             await ask(session, "balance")
             await session.collect_turn()
     assert [type(c).__name__ for c in seen] == ["Bank", "Bank"] and seen[1].verified
+
+
+async def test_what_a_test_drains_with_quiet_counts_as_heard() -> None:
+    nodes: list[Speaker] = []
+
+    def build(system: VoiceAgentSystem) -> None:
+        node = Speaker(words=" ".join(f"w{i}" for i in range(40)), delay=0.02)
+        bridge = Bridge(node)
+        bridge.on(UserStoppedSpeaking).interrupt_on(UserStartedSpeaking).stream(node.generate).broadcast()
+        system.with_speaking_node(node, bridge)
+        nodes.append(node)
+
+    async with LocalSession(line_agent(build)) as session:
+        await ask(session, "go")
+        drained = text_of(await session.quiet(0.2))
+        await session.emit(UserStartedSpeaking())
+        await wait_for(lambda: nodes[0].cancelled == 1)
+        await session.quiet(0.1)
+    assert drained and text_of(nodes[0].conversation_events) == drained

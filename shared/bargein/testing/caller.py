@@ -116,6 +116,12 @@ class Caller:
                 self._arrived.clear()
                 await self._arrived.wait()
         envelope, event = self._buffer.popleft()
+        await self._hand_out(envelope, event)
+        return envelope, event
+
+    async def _hand_out(self, envelope: Envelope, event: Event) -> None:
+        """The caller has this event now: a chunk is reported heard, the agent's hang-up ends the
+        session (as the broadcast edge does)."""
         self.received.append((envelope, event))
         if isinstance(event, AgentResponse):
             self.heard.sent(envelope.turn, envelope.seq, event.content)
@@ -127,7 +133,6 @@ class Caller:
             hangup = EndCall(reason="agent ended the call")
             await self.transport.publish(Envelope.wrap(self.session_id, hangup, source=Source.EDGE), IN)
             self.ended = True
-        return envelope, event
 
     async def _report(self, report: SpeechDelivered | HeardRecord) -> None:
         await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)
@@ -156,7 +161,8 @@ class Caller:
         """Wait ``seconds`` and return whatever arrived (tests use it to assert 'nothing more')."""
         await asyncio.sleep(seconds)
         await self.settle()
-        out = [event for _, event in self._buffer]
-        self.received.extend(self._buffer)
+        drained = list(self._buffer)
         self._buffer.clear()
-        return out
+        for envelope, event in drained:  # handed out like any other (chunks are reported heard)
+            await self._hand_out(envelope, event)
+        return [event for _, event in drained]
