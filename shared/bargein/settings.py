@@ -129,6 +129,21 @@ class SpeechSettings(_Base):
     vad_max_batch: int = Field(default=256, ge=1, description="Sessions per inference call at most.")
 
 
+class TranscriptionSettings(_Base):
+    """Speech-to-text in the speech tier (one engine per process, shared by its sessions)."""
+
+    stt: Literal["none", "whisper"] = Field(
+        default="none", description="Speech-to-text engine: none (turn timing only) or whisper (on the CPU)."
+    )
+    stt_model: str | None = Field(
+        default=None,
+        description="A CTranslate2 Whisper model directory; default: the bundled tiny.en (bargein[stt]).",
+    )
+    stt_threads: int = Field(default=1, ge=1, le=64, description="CPU threads per transcription.")
+    stt_workers: int = Field(default=2, ge=1, le=64, description="Transcriptions run at once, at most.")
+    stt_timeout_s: float = Field(default=10.0, gt=0, description="A transcription taking longer is given up.")
+
+
 class BroadcastSettings(_Base):
     """The client edge (``bargein broadcast``)."""
 
@@ -250,6 +265,7 @@ def all_variables() -> set[str]:
         LLMSettings,
         BrokerSettings,
         SpeechSettings,
+        TranscriptionSettings,
         BroadcastSettings,
     ]
     return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}

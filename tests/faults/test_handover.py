@@ -77,6 +77,15 @@ async def history(redis: aioredis.Redis, session_id: str) -> list[tuple[str, str
     return [(m["role"], m["content"]) for m in node.history_messages()]
 
 
+async def history_of(redis: aioredis.Redis, session_id: str, entries: int) -> list[tuple[str, str]]:
+    """The checkpointed history once it holds ``entries`` messages: the owner writes it right after
+    the turn ends, a moment after the client saw ``turn_complete``."""
+    async with asyncio.timeout(T):
+        while len(found := await history(redis, session_id)) < entries:  # noqa: ASYNC110 - Redis
+            await asyncio.sleep(0.05)
+    return found
+
+
 def text_of(frames: list[Frame], turn: int | None = None) -> str:
     return "".join(f["text"] for f in frames if f["type"] == "agent_chunk" and turn in (None, f["turn"]))
 
@@ -140,7 +149,7 @@ async def test_what_the_caller_heard_survives_a_kill_and_a_barge_in_while_the_ow
         log.clear()
         done = await until(ws, "turn_complete", log, T)
         assert text_of(log, turn=done["turn"]) == DEFAULT_REPLIES[1]  # not the cut answer again
-        assert await history(redis, sid) == [
+        assert await history_of(redis, sid, 4) == [
             ("user", "hello"),
             ("assistant", heard),  # exactly what the caller heard, no more, no less
             ("user", "wait, another question"),

@@ -46,9 +46,9 @@ from bargein.agent.events import (
 from bargein.agent.message import Source
 from bargein.errors import NotOwner
 from bargein.hosting.host import Ownership, ProcessorFactory
-from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, load
+from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
-from bargein.speech.transcriber import NullTranscriber, Transcriber
+from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, shared_model
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
@@ -380,6 +380,8 @@ def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None
         settings.vad_tick_ms,
         settings.max_frame_bytes,
     )
+    if transcriber is None:
+        transcriber = transcriber_from_settings(load(TranscriptionSettings))
     factory: Callable[[Ownership], SpeechSession] = SpeechSessions(
         settings,
         batcher=batcher,

@@ -7,7 +7,9 @@ published as :class:`~bargein.agent.events.UserTranscriptionReceived` ahead of
 :class:`~bargein.agent.events.UserStoppedSpeaking`, so the reasoning side has the words in its history
 when the turn starts; and a burst with a transcript is a turn, never a false interruption.
 
-The default :class:`NullTranscriber` returns None: the service then publishes turn events only
+Engines, chosen with ``BARGEIN_STT`` (:func:`transcriber_from_settings`): ``whisper``
+(:mod:`bargein.speech.whisper`, on the CPU) and ``none``. The default :class:`NullTranscriber`
+returns None: the service then publishes turn events only
 (and skips keeping turn audio at all). Text-mode clients need nothing from this service: the
 client edge forwards their text as ``UserTranscriptionReceived`` followed by
 ``UserStoppedSpeaking``, straight to the reasoning tier.
@@ -16,6 +18,9 @@ client edge forwards their text as ``UserTranscriptionReceived`` followed by
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+from bargein.settings import TranscriptionSettings
+from bargein.speech.whisper import WhisperTranscriber
 
 
 @runtime_checkable
@@ -31,3 +36,10 @@ class NullTranscriber:
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
         return None
+
+
+def transcriber_from_settings(settings: TranscriptionSettings) -> Transcriber:
+    """The engine ``BARGEIN_STT`` names (a missing model or package fails here, at start-up)."""
+    if settings.stt == "whisper":
+        return WhisperTranscriber.from_settings(settings)
+    return NullTranscriber()
