@@ -1,12 +1,17 @@
 """The fault tests need RabbitMQ and Redis *programs* (they start brokers of their own to break):
-without them the tests are skipped, except under ``CI=true``, where that is a failure."""
+without them the tests are skipped, except under ``CI=true``, where that is a failure. Each test
+module starts its own ``stack``; ``redis`` is a client of that stack's Redis."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
+
+from tests.faults.stack import FaultStack
 
 NEEDED = ("rabbitmq-server", "rabbitmqctl", "redis-server", "redis-cli")
 
@@ -19,3 +24,13 @@ def broker_programs() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message}. CI=true: they must not be skipped.", pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture
+async def redis(stack: FaultStack) -> AsyncIterator[aioredis.Redis]:
+    """A client of the module's own stack's Redis (each module defines ``stack``)."""
+    client = aioredis.Redis.from_url(stack.redis.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()

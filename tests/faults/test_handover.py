@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +39,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     base = Path(tmp_path_factory.mktemp("handover"))
     with fault_stack(base, reasoning=2, speech=0, BARGEIN_AGENT=AGENT) as running:
         yield running
-
-
-@pytest.fixture
-async def redis(stack: FaultStack) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(stack.redis.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ cancelled by the broker and never subscribed again: the session was silent forev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +29,6 @@ PAUSE_S = 4.0  # past the liveness TTL (1 s): the others take the session over m
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     with fault_stack(Path(tmp_path_factory.mktemp("pause")), reasoning=2, speech=0, BARGEIN_AGENT=AGENT) as s:
         yield s
-
-
-@pytest.fixture
-async def redis(stack: FaultStack) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(stack.redis.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_what_the_caller_says_while_its_owner_is_frozen_is_answered(

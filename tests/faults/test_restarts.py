@@ -10,7 +10,7 @@ gone so nothing was adopted, rejoining gave 4404); during a RabbitMQ restart, te
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +37,6 @@ def stack_for(tmp_path_factory: pytest.TempPathFactory, name: str, **kw: Any) ->
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     yield from stack_for(tmp_path_factory, "restarts")
-
-
-@pytest.fixture
-async def redis(stack: FaultStack) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(stack.redis.url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def answered(ws: ClientConnection, text: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,13 +22,6 @@ from bargein.line.events import DTMFInputEvent, UserStartedSpeaking, UserTranscr
 from bargein.line.harness import ConversationHarness
 
 from . import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 class Served:
@@ -69,13 +61,13 @@ async def server() -> AsyncIterator[tuple[str, Served]]:
         await harness.cleanup()
         served.done.set()
 
-    port = _free_port()
     app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
     uv = uvicorn.Server(config)
     task = asyncio.create_task(uv.serve())
     await wait_for(lambda: uv.started, timeout=10)
     try:
+        port = uv.servers[0].sockets[0].getsockname()[1]  # port 0: the system picked a free one
         yield f"ws://127.0.0.1:{port}/ws", served
     finally:
         uv.should_exit = True

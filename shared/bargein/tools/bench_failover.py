@@ -37,17 +37,15 @@ from bargein.tools.benchkit import (
     Processes,
     check_work_queue,
     forget_sessions,
-    free_port,
     run_main,
     say,
-    service_env,
+    scripted_stack_env,
     start_service,
     summarize,
     verdict,
 )
 from bargein.wire.names import TIER_REASONING, lease_key
 
-AGENT = "bargein.examples.default:agent"
 CHUNKS_BEFORE_KILL = 4
 TARGET_MAX_S = 2.0
 T = 30.0
@@ -75,17 +73,8 @@ class _FailoverBench:
         self.out = out
         self.run_id = uuid.uuid4().hex[:8]
         self.processes = Processes(out)
-        self.env = service_env(
-            rabbitmq_url,
-            redis_url,
-            BARGEIN_AGENT=AGENT,
-            BARGEIN_HOST="127.0.0.1",
-            BARGEIN_PORT=str(free_port()),
-            BARGEIN_STATUS_INTERVAL_S="30",
-            # only the heartbeat path is measured, and sessions other runs left behind stay unadopted
-            BARGEIN_ADOPT_INTERVAL_S="3600",
-        )
-        self.env.pop("BARGEIN_LLM_BASE_URL", None)  # the scripted model: its replies are known
+        # no adoption: only the heartbeat path is measured
+        self.env = scripted_stack_env(rabbitmq_url, redis_url)
         self.workers: list[Child] = []
         self.edge: Child | None = None
         self.redis: aioredis.Redis | None = None

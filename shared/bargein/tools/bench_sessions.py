@@ -37,15 +37,13 @@ from bargein.tools.benchkit import (
     Processes,
     check_work_queue,
     forget_sessions,
-    free_port,
     run_main,
     say,
-    service_env,
+    scripted_stack_env,
     start_service,
 )
 from bargein.wire.names import TIER_REASONING, session_directory_key
 
-AGENT = "bargein.examples.default:agent"
 SETTLE_S = 3.0  # after the last session, before memory is read (queues and buffers settle)
 T = 60.0
 SERVICES = ("reasoning", "speech", "broadcast")
@@ -91,17 +89,7 @@ class _SessionsBench:
         self.out = out
         self.run_id = uuid.uuid4().hex[:8]
         self.processes = Processes(out)
-        self.env = service_env(
-            rabbitmq_url,
-            redis_url,
-            BARGEIN_AGENT=AGENT,
-            BARGEIN_HOST="127.0.0.1",
-            BARGEIN_PORT=str(free_port()),
-            BARGEIN_MAX_SESSIONS=str(sessions + 50),
-            BARGEIN_STATUS_INTERVAL_S="30",
-            BARGEIN_ADOPT_INTERVAL_S="3600",  # adopt nothing other runs may have left behind
-        )
-        self.env.pop("BARGEIN_LLM_BASE_URL", None)
+        self.env = scripted_stack_env(rabbitmq_url, redis_url, BARGEIN_MAX_SESSIONS=str(sessions + 50))
         self.children: dict[str, Child] = {}
         self.sockets: list[ClientConnection] = []
         self.session_ids: list[str] = []

@@ -212,6 +212,27 @@ def service_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
     return env
 
 
+SCRIPTED_AGENT = "bargein.examples.default:agent"
+
+
+def scripted_stack_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a stack a bench starts of its own: the default agent on its scripted
+    model (its replies are known), an edge on a free loopback port, status lines seldom, and no
+    adoption of sessions other runs may have left behind."""
+    env = service_env(
+        rabbitmq_url,
+        redis_url,
+        BARGEIN_AGENT=SCRIPTED_AGENT,
+        BARGEIN_HOST="127.0.0.1",
+        BARGEIN_PORT=str(free_port()),
+        BARGEIN_STATUS_INTERVAL_S="30",
+        BARGEIN_ADOPT_INTERVAL_S="3600",
+        **extra,
+    )
+    env.pop("BARGEIN_LLM_BASE_URL", None)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
