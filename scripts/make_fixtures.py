@@ -14,23 +14,17 @@ the script again reproduces the committed files; the tests only read them.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-RATE = 16_000
+from bargein.tools import synth
+from bargein.tools.synth import RATE, TRIM_ABOVE, TRIM_DURATION_S, noise_burst, to_pcm16, write_wav
+
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "audio"
-VOICE = "en-us"
-WORDS_PER_MINUTE = 160
-# sox silence effect: trim until 10 ms in a row are above 1% of full scale (-40 dBFS), at both ends
-TRIM_ABOVE = "1%"
-TRIM_DURATION_S = "0.01"
 BACKGROUND_DBFS = -60.0  # a faint noise floor: real line audio is never digital zero
 SEED = 20240604
 
@@ -87,53 +81,11 @@ PACKAGED = {
 }
 
 
-def _need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        sys.exit(f"make_fixtures: {tool} is not installed (apt-get install espeak-ng sox)")
-    return path
-
-
-def read_wav(path: Path) -> np.ndarray:
-    with wave.open(str(path), "rb") as wav:
-        if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, RATE):
-            raise ValueError(f"{path}: expected 16 kHz mono PCM16")
-        return np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").copy()
-
-
-def write_wav(path: Path, samples: np.ndarray) -> None:
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(RATE)
-        wav.writeframes(samples.astype("<i2").tobytes())
-
-
 def synthesize(text: str, workdir: Path, name: str) -> np.ndarray:
-    """espeak-ng → sox: resample to 16 kHz mono PCM16 and trim quiet from both ends."""
-    raw = workdir / f"{name}.raw.wav"
-    trimmed = workdir / f"{name}.wav"
-    subprocess.run(
-        [_need("espeak-ng"), "-v", VOICE, "-s", str(WORDS_PER_MINUTE), "-w", str(raw), text], check=True
-    )
-    convert = ["-r", str(RATE), "-c", "1", "-b", "16", "-e", "signed-integer"]
-    trim = ["silence", "1", TRIM_DURATION_S, TRIM_ABOVE]
-    # -D: no dither (sox adds random dither when it resamples, which would make every run differ);
-    # trim the start, reverse, trim the (old) end, reverse back
-    subprocess.run(
-        [_need("sox"), "-D", str(raw), *convert, str(trimmed), *trim, "reverse", *trim, "reverse"], check=True
-    )
-    return read_wav(trimmed)
-
-
-def noise_burst(ms: float, rng: np.random.Generator) -> np.ndarray:
-    """Low-passed noise under a fast-attack, slow-decay envelope: roughly a cough or a knock."""
-    n = int(RATE * ms / 1000)
-    noise = np.convolve(rng.standard_normal(n + 15), np.ones(16) / 16, mode="valid")[:n]
-    t = np.arange(n) / n
-    envelope = np.minimum(t / 0.05, 1.0) * np.exp(-4.0 * t)
-    peak = np.abs(noise * envelope).max()
-    return np.asarray(noise * envelope / peak * 0.4 * 32767, dtype=np.float64)
+    try:
+        return synth.synthesize(text, workdir, name)
+    except synth.MissingTool as exc:
+        sys.exit(f"make_fixtures: {exc}")
 
 
 def assemble(
@@ -159,7 +111,7 @@ def assemble(
     signal = np.concatenate(parts)
     floor = 32767 * 10 ** (BACKGROUND_DBFS / 20)
     signal = signal + rng.standard_normal(len(signal)) * floor
-    samples = np.clip(np.round(signal), -32768, 32767).astype(np.int16)
+    samples = to_pcm16(signal)
     marks = {
         "duration_ms": round(len(samples) * 1000 / RATE, 3),
         "speech": [[round(a, 3), round(b, 3)] for a, b in speech],

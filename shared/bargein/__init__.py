@@ -10,6 +10,7 @@ from bargein.agent.events import (
     AgentError,
     AgentGenerationComplete,
     AgentHandoff,
+    AgentPlayback,
     AgentResponse,
     AgentSpeechSent,
     AgentStartedSpeaking,
@@ -31,6 +32,7 @@ from bargein.agent.events import (
     ToolResult,
     TransferCall,
     TurnInterrupted,
+    UserBackchannel,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -41,6 +43,7 @@ from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge, Route
 from bargein.agent.turn import current_run
+from bargein.agent.words import content_words, words_at_least
 from bargein.errors import (
     BargeinError,
     EnvelopeError,
@@ -60,6 +63,7 @@ __all__ = [
     "AgentError",
     "AgentGenerationComplete",
     "AgentHandoff",
+    "AgentPlayback",
     "AgentResponse",
     "AgentSpeechSent",
     "AgentStartedSpeaking",
@@ -102,10 +106,13 @@ __all__ = [
     "TurnInterrupted",
     "UndecodableMessage",
     "UnknownEventType",
+    "UserBackchannel",
     "UserStartedSpeaking",
     "UserStoppedSpeaking",
     "UserTranscriptionReceived",
     "UserUnknownInputReceived",
+    "content_words",
     "current_run",
     "messages",
+    "words_at_least",
 ]

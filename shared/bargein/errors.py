@@ -66,3 +66,9 @@ class NotOwner(BargeinError):
 
 class StaleEpochError(BargeinError):
     """A write carried an owner epoch older than the session's current lease: the writer was fenced."""
+
+
+class TranscriberBehind(BargeinError):
+    """A speech-to-text engine has more work waiting than it can do in time: asked now, it says so
+    at once rather than queue. The speech session goes on by timing alone and tells the client
+    (``stt_behind``)."""

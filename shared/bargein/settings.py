@@ -9,16 +9,24 @@ can act on instead of a traceback.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bargein.errors import SettingsError, TurnTakingError
 
 PREFIX = "BARGEIN_"
 DEFAULT_EDGE_SECRET = "dev-secret-change-me"  # the edge warns at start-up while this is in use
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+# What a caller says to show they are listening, not to take the floor: said while the agent speaks,
+# these never cut it off (BARGEIN_BACKCHANNELS; bargein.agent.words matches them).
+DEFAULT_BACKCHANNELS = (
+    "uh-huh", "uh huh", "mm-hmm", "mm hmm", "mhm", "mm", "mmm", "hm", "hmm", "uh", "um", "ah", "oh",
+    "uh-uh", "uh-oh", "mm-mm",  # what speech-to-text often makes of "uh-huh" and "mm-hmm"
+    "yeah", "yes", "yep", "yup", "okay", "ok", "right", "alright", "all right", "sure",
+    "i see", "got it", "cool", "nice", "great",
+)  # fmt: skip
 
 
 class _Base(BaseSettings):
@@ -124,9 +132,29 @@ class SpeechSettings(_Base):
     false_interruption_timeout_ms: float = Field(
         default=1500, ge=0, description="A burst ending this soon with no transcript is a false interruption."
     )
+    interrupt_words: int = Field(
+        default=1,
+        ge=0,
+        le=20,
+        description="While the agent speaks, words besides backchannels that cut it off (0: timing alone).",
+    )
+    max_backchannel_ms: float = Field(
+        default=1500,
+        ge=0,
+        description="While the agent speaks, speech this long cuts it off whatever its words.",
+    )
+    backchannels: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_BACKCHANNELS,
+        description="Words and phrases that never cut the agent off (comma-separated).",
+    )
     max_frame_bytes: int = Field(default=64_000, ge=2, description="Largest audio frame accepted (2 s).")
     vad_tick_ms: float = Field(default=8, gt=0, description="How often the batched VAD runs.")
     vad_max_batch: int = Field(default=256, ge=1, description="Sessions per inference call at most.")
+
+    @field_validator("backchannels", mode="before")
+    @classmethod
+    def _phrases(cls, value: Any) -> Any:
+        return split_phrases(value) if isinstance(value, str) else value
 
 
 class TranscriptionSettings(_Base):
@@ -188,13 +216,21 @@ TURN_TAKING_FIELDS = (
     "min_interruption_ms",
     "min_silence_ms",
     "false_interruption_timeout_ms",
+    "interrupt_words",
+    "max_backchannel_ms",
+    "backchannels",
 )
 TURN_TAKING_ALIASES = {"threshold": "speech_threshold"}
 
 # Built from SpeechSettings' own fields, so a session's bounds and defaults are the environment's;
 # strict (JSON numbers only: no strings, no booleans) and finite.
+# A session gives its backchannels as a JSON list of strings.
+_SESSION_TYPES: dict[str, Any] = {"backchannels": tuple[str, ...]}
 _FIELDS: dict[str, Any] = {
-    name: (SpeechSettings.model_fields[name].annotation, SpeechSettings.model_fields[name])
+    name: (
+        _SESSION_TYPES.get(name, SpeechSettings.model_fields[name].annotation),
+        SpeechSettings.model_fields[name],
+    )
     for name in TURN_TAKING_FIELDS
 }
 _TurnTaking: type[BaseModel] = create_model(
@@ -204,11 +240,16 @@ _TurnTaking: type[BaseModel] = create_model(
 )
 
 
-def turn_taking_defaults() -> dict[str, float]:
-    return {name: float(SpeechSettings.model_fields[name].default) for name in TURN_TAKING_FIELDS}
+def split_phrases(text: str) -> tuple[str, ...]:
+    """``"uh-huh, Yeah ,got it"`` → ``("uh-huh", "yeah", "got it")``: how BARGEIN_BACKCHANNELS is read."""
+    return tuple(p.strip().lower() for p in text.split(",") if p.strip())
 
 
-def check_turn_taking(overrides: Any) -> dict[str, float]:
+def turn_taking_defaults() -> dict[str, Any]:
+    return {name: SpeechSettings.model_fields[name].default for name in TURN_TAKING_FIELDS}
+
+
+def check_turn_taking(overrides: Any) -> dict[str, Any]:
     """A session's ``turn_taking`` options as (setting name → value), checked with the bounds of the
     ``BARGEIN_`` variables themselves; :class:`TurnTakingError` naming every problem otherwise."""
     if overrides is None:
@@ -232,13 +273,16 @@ def check_turn_taking(overrides: Any) -> dict[str, float]:
             values[name] = value
     if not problems:
         try:
+            phrases = values.get("backchannels")
+            if isinstance(phrases, list):  # JSON has no tuples; strict validation wants one
+                values["backchannels"] = tuple(phrases)
             checked = _TurnTaking.model_validate({**turn_taking_defaults(), **values})
         except ValidationError as exc:
             for err in exc.errors():
                 field = ".".join(str(p) for p in err["loc"])
                 problems.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
         else:
-            return {name: float(getattr(checked, name)) for name in values}
+            return {name: getattr(checked, name) for name in values}
     raise TurnTakingError(f"invalid options.{TURN_TAKING_OPTION}: " + "; ".join(problems))
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "AgentError",
     "AgentGenerationComplete",
     "AgentHandoff",
+    "AgentPlayback",
     "AgentResponse",
     "AgentSpeechSent",
     "AgentStartedSpeaking",
@@ -49,6 +50,7 @@ __all__ = [
     "ToolResult",
     "TransferCall",
     "TurnInterrupted",
+    "UserBackchannel",
     "UserStartedSpeaking",
     "UserStoppedSpeaking",
     "UserTranscriptionReceived",
@@ -156,7 +158,14 @@ def registered_event_types() -> dict[str, type[Event]]:
 
 
 class UserStartedSpeaking(Event, control=True):
-    """The caller began to speak: the usual barge-in."""
+    """The caller began to speak: the usual barge-in.
+
+    ``transcript`` is what the speech tier heard of the burst when it judged it a barge-in while
+    the agent was speaking (``BARGEIN_INTERRUPT_WORDS``); None when it was judged by timing alone
+    (no speech-to-text, the agent silent, the engine behind) or came from the stop button.
+    :func:`bargein.words_at_least` reads it."""
+
+    transcript: str | None = None
 
 
 class UserStoppedSpeaking(Event):
@@ -165,6 +174,25 @@ class UserStoppedSpeaking(Event):
 
 class UserTranscriptionReceived(Event):
     content: str
+
+
+class UserBackchannel(Event):
+    """The caller said only "uh-huh", "okay" or the like (``BARGEIN_BACKCHANNELS``) while the agent
+    was speaking: listening, not taking the floor. The agent was not cut off and no turn starts; the
+    client sees it as a ``user_transcript`` frame with ``backchannel: true``, and a route may listen
+    to it."""
+
+    content: str
+
+
+class AgentPlayback(Event):
+    """The client edge says the agent's voice started (``speaking``) or stopped reaching this caller.
+    It rides the audio lane, in order with the caller's audio, to the speech tier: a burst while the
+    agent speaks is judged by its words before it cuts the agent off."""
+
+    lane: ClassVar[str] = "audio"
+
+    speaking: bool
 
 
 # --- the agent's side -----------------------------------------------------------------------------
@@ -278,6 +306,7 @@ class FalseInterruption(Event):
     may resume the answer it cut off."""
 
     duration_ms: float = 0.0
+    transcript: str | None = None
 
 
 class SessionError(Event):
@@ -294,6 +323,7 @@ class SessionErrorCode:
     BAD_AUDIO_FRAME: Final = "bad_audio_frame"  # not whole 16-bit samples
     FRAME_TOO_LARGE: Final = "frame_too_large"
     BAD_TURN_TAKING: Final = "bad_turn_taking"  # the session's turn_taking options were not usable
+    STT_BEHIND: Final = "stt_behind"  # speech-to-text fell behind or timed out: turns go by timing alone
 
 
 # --- control: these interrupt, stop or move the call ---------------------------------------------

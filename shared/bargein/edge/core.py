@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
@@ -25,6 +26,7 @@ from bargein.agent.events import (
     SAMPLE_WIDTH,
     AgentError,
     AgentGenerationComplete,
+    AgentPlayback,
     AgentResponse,
     AudioFrame,
     EndCall,
@@ -34,6 +36,7 @@ from bargein.agent.events import (
     SessionError,
     SpeechDelivered,
     TurnInterrupted,
+    UserBackchannel,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -43,6 +46,7 @@ from bargein.edge.limits import ClientLimits
 from bargein.edge.protocol import (
     TURN_FRAMES,
     AgentChunk,
+    AnyServerFrame,
     Clear,
     End,
     Ended,
@@ -54,6 +58,7 @@ from bargein.edge.protocol import (
     SpeakingStopped,
     TextTurn,
     TurnComplete,
+    UserTranscript,
     frame_json,
 )
 from bargein.edge.tokens import Role
@@ -70,7 +75,7 @@ from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.edge")
 
-Frame = AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended
+Frame = AnyServerFrame
 CLOSE_SLOW = 1013
 CLOSE_GOING_AWAY = 1001
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
@@ -183,6 +188,16 @@ class Connection:
                 await self.ws.close(code)
 
 
+@dataclasses.dataclass
+class Playing:
+    """The turn whose voice reaches the caller now, and how far it has got."""
+
+    turn: int
+    last_sent: int  # seq of the last chunk sent
+    heard: int = -1  # seq of the last chunk delivered (or, with reports=played, played)
+    complete: bool = False  # the agent finished the turn: once all of it is heard, it stops
+
+
 class EdgeSession:
     """One session as this edge process sees it."""
 
@@ -201,6 +216,7 @@ class EdgeSession:
         self.heard = HeardLog()  # what every owner is told when it starts
         self.ended = False
         self.idle_since: float | None = time.monotonic()
+        self.playing: Playing | None = None
 
     def broadcast(self, frame: Frame) -> None:
         self.history.append(frame)
@@ -241,6 +257,8 @@ class EdgeSession:
         self.history = collections.deque(
             (f for f in self.history if not 0 < _turn_of(f) <= turn), maxlen=HISTORY_FRAMES
         )
+        if self.playing is not None and self.playing.turn <= turn:
+            self._playback(None)
         log.info(
             "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
         )
@@ -248,6 +266,34 @@ class EdgeSession:
     def delivered(self, turn: int, seq: int) -> None:
         if self.heard.heard(turn, seq):
             self.reports[turn] = seq
+        if self.playing is not None and self.playing.turn == turn:
+            self.playing.heard = max(self.playing.heard, seq)
+            self._maybe_stopped()
+
+    # --- whether the agent's voice reaches the caller now (AgentPlayback, for the speech tier) ---
+
+    def chunk_sent(self, turn: int, seq: int) -> None:
+        if self.playing is not None and self.playing.turn == turn:
+            self.playing.last_sent = max(self.playing.last_sent, seq)
+        else:
+            self._playback(Playing(turn, seq))
+
+    def turn_done(self, turn: int) -> None:
+        if self.playing is not None and self.playing.turn == turn:
+            self.playing.complete = True
+            self._maybe_stopped()
+
+    def _maybe_stopped(self) -> None:
+        playing = self.playing
+        if playing is not None and playing.complete and playing.heard >= playing.last_sent:
+            self._playback(None)
+
+    def _playback(self, playing: Playing | None) -> None:
+        """Tell the speech tier when the agent starts or stops reaching the caller (a turn's
+        first chunk sent; its last chunk heard after it completed, or the turn cleared)."""
+        was, self.playing = self.playing is not None, playing
+        if was != (playing is not None):
+            self.edge.spawn(self.edge.playback(self.session_id, playing is not None))
 
     def take_reports(self) -> dict[int, int]:
         reports, self.reports = self.reports, {}
@@ -408,17 +454,23 @@ class Edge:
             session.broadcast(SpeakingStopped())
         elif isinstance(event, FalseInterruption):  # the burst ended without being a turn
             session.broadcast(SpeakingStopped(false_interruption=True))
+        elif isinstance(event, UserTranscriptionReceived) and envelope.source == Source.SPEECH:
+            session.broadcast(UserTranscript(text=event.content))  # a text turn's client has its text
+        elif isinstance(event, UserBackchannel):
+            session.broadcast(UserTranscript(text=event.content, backchannel=True))
         elif isinstance(event, AgentResponse):
             if session.fence.admit(envelope):
                 session.highest_turn = max(session.highest_turn, envelope.turn)
                 session.heard.sent(envelope.turn, envelope.seq, event.content)
                 session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
+                session.chunk_sent(envelope.turn, envelope.seq)
             else:
                 self.count("dropped_chunks")
         elif isinstance(event, AgentGenerationComplete):
             if session.fence.admit(envelope):
                 session.completed.add(envelope.turn)
                 session.broadcast(TurnComplete(turn=envelope.turn))
+                session.turn_done(envelope.turn)
         elif isinstance(event, SessionError):
             session.broadcast(ErrorFrame(code=event.code, message=event.message))
         elif isinstance(event, AgentError):
@@ -467,6 +519,14 @@ class Edge:
         log.info("session %s ended (%s)", session.session_id, reason)
 
     # --- from clients ----------------------------------------------------------------------------
+
+    async def playback(self, session_id: str, speaking: bool) -> None:
+        """Publish :class:`AgentPlayback` for the session's speech owner (see EdgeSession._playback)."""
+        try:
+            await self._publish(session_id, AgentPlayback(speaking=speaking))
+        except Exception as exc:  # no speech mailbox (the call is ending), or the broker is away
+            self.count("playback_unsent")
+            log.debug("session %s: playback %s not sent: %s", session_id, speaking, exc)
 
     async def _publish(self, session_id: str, event: Event, source: str = Source.EDGE) -> None:
         self._seq += 1

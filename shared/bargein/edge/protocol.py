@@ -79,6 +79,15 @@ class SpeakingStopped(_Msg):
     false_interruption: bool | None = None  # sent (true) only when the burst was not a turn
 
 
+class UserTranscript(_Msg):
+    """What speech-to-text heard the caller say: a turn's words, or a backchannel ("uh-huh")
+    that did not cut the agent off."""
+
+    type: Literal["user_transcript"] = "user_transcript"
+    text: str
+    backchannel: bool = False
+
+
 class ErrorFrame(_Msg):
     type: Literal["error"] = "error"
     code: str
@@ -90,13 +99,18 @@ class Ended(_Msg):
     reason: str  # "caller" or "agent" today; a client must take others it does not know yet
 
 
-ServerFrame = Annotated[
-    AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended,
-    Field(discriminator="type"),
-]
-_SERVER: TypeAdapter[
-    AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended
-] = TypeAdapter(ServerFrame)
+AnyServerFrame = (
+    AgentChunk
+    | Clear
+    | TurnComplete
+    | SpeakingStarted
+    | SpeakingStopped
+    | UserTranscript
+    | ErrorFrame
+    | Ended
+)
+ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
+_SERVER: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 
 # frames that belong to a turn: purged from an outbox when that turn is cleared
 TURN_FRAMES = (AgentChunk, TurnComplete)
@@ -118,6 +132,7 @@ class ErrorCode:
     FRAME_TOO_LARGE: Final = SessionErrorCode.FRAME_TOO_LARGE
     BAD_AUDIO_FRAME: Final = SessionErrorCode.BAD_AUDIO_FRAME
     BAD_TURN_TAKING: Final = SessionErrorCode.BAD_TURN_TAKING
+    STT_BEHIND: Final = SessionErrorCode.STT_BEHIND
     LISTENER_CANNOT_SEND: Final = "listener_cannot_send"
     SLOW_CLIENT: Final = "slow_client"
     SHUTTING_DOWN: Final = "shutting_down"
@@ -170,7 +185,7 @@ def parse(text: str) -> TextTurn | Played | Interrupt | End:
 
 def parse_server_frame(
     text: str,
-) -> AgentChunk | Clear | TurnComplete | SpeakingStarted | SpeakingStopped | ErrorFrame | Ended:
+) -> AnyServerFrame:
     """A frame the edge sent (what a client reads); :class:`ProtocolError` if it is not one."""
     try:
         return _SERVER.validate_python(_json_object(text))

@@ -36,6 +36,7 @@ from typing import Any
 from bargein import tracing
 from bargein.agent.events import (
     SAMPLE_RATE,
+    AgentPlayback,
     AudioFrame,
     EndCall,
     Event,
@@ -44,13 +45,13 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
-from bargein.errors import NotOwner
+from bargein.errors import NotOwner, TranscriberBehind
 from bargein.hosting.host import Ownership, ProcessorFactory
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
-from bargein.speech.vad import WINDOW_BYTES, shared_model
+from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, OUT, Direction
@@ -62,6 +63,8 @@ PRE_ROLL_WINDOWS = 5  # audio kept from before a burst's first voiced window, fo
 MAX_TURN_WINDOWS = 30 * SAMPLE_RATE // 512  # at most 30 s of a turn's audio is kept per session
 FLUSH_TIMEOUT_S = 2.0  # on close, how long queued events may take to publish
 LOGGED_BAD_FRAMES = 3  # per session, the first few bad frames are logged; all are counted
+REJUDGE_WINDOWS = 5  # a held burst is transcribed again once it has this much more audio (160 ms)
+BEHIND_REPORT_S = 10.0  # a session tells its client the engine is behind at most this often
 
 
 class SpeechSession(SessionProcessor):
@@ -99,6 +102,8 @@ class SpeechSession(SessionProcessor):
         self._probabilities: collections.deque[float] = collections.deque()
         self._busy = False  # a transcription is in flight: the policy waits for it
         self._asked = False  # the transcriber was asked about the current burst
+        self._judging = False  # a held burst's words are being transcribed
+        self._behind_reported = -math.inf
         # turn audio, kept only when a transcriber can use it
         self._keep_audio = not isinstance(self.transcriber, NullTranscriber)
         self._unfed: collections.deque[bytes] = collections.deque()  # windows awaiting their probability
@@ -120,7 +125,7 @@ class SpeechSession(SessionProcessor):
             self.counters["bad_turn_taking"] += 1
             self._send(SessionError(code=SessionErrorCode.BAD_TURN_TAKING, message=str(exc)), OUT)
             config = base
-        self.policy = TurnPolicy(config)
+        self.policy = TurnPolicy(config, judges=self._keep_audio)
         self._publisher = asyncio.create_task(self._publish_loop(), name=f"speech-out:{self.session_id}")
         log.info(
             "session %s: speech detection running (epoch %d; threshold %.2f, barge-in after %.0f ms, "
@@ -170,8 +175,21 @@ class SpeechSession(SessionProcessor):
 
     @property
     def active_turns(self) -> int:
-        """1 while the user holds the floor (between UserStartedSpeaking and the burst's end)."""
-        return 1 if self.policy.speaking else 0
+        """1 while the user holds the floor (between UserStartedSpeaking and the burst's end), or
+        may be about to (a burst held while its words are judged)."""
+        return 1 if self.policy.state in (State.SPEAKING, State.HELD) else 0
+
+    @property
+    def idle(self) -> bool:
+        """Every window sent so far decided, no burst going on and no transcription in flight: what
+        this session will publish about the audio so far is in its outbox."""
+        return (
+            self.policy.state is State.SILENT
+            and not self._probabilities
+            and not self._busy
+            and not self._judging
+            and not self._slot.pending
+        )
 
     # --- audio in --------------------------------------------------------------------------------
 
@@ -196,6 +214,10 @@ class SpeechSession(SessionProcessor):
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         if isinstance(event, EndCall):  # the call is over: stop owning it (the mailbox hears this one)
             self.on_end(self.session_id)
+            return
+        if isinstance(event, AgentPlayback):  # in order with the audio: what the caller heard as they spoke
+            self.policy.agent_speaking = event.speaking
+            self.counters["playback"] += 1
             return
         if not isinstance(event, AudioFrame):
             self.counters["ignored"] += 1
@@ -245,11 +267,34 @@ class SpeechSession(SessionProcessor):
             emissions = policy.feed(probability)
             if self._keep_audio:
                 self._track_audio(before, policy.state)
-            for emission in emissions:
-                self._announce(emission)
-                self._send(emission.event, IN)
+            self._emit(emissions)
             if policy.state is State.SILENT:
                 self._asked = False
+            elif policy.state is State.HELD and not self._judging:
+                self._judging = True
+                self._spawn(self._judge(policy.burst))
+
+    def _emit(self, emissions: list[Emission]) -> None:
+        for emission in emissions:
+            self._announce(emission)
+            self._send(emission.event, IN)
+
+    async def _judge(self, burst: int) -> None:
+        """Transcribe a held burst so far, and again as it grows, until its words decide it (or it
+        ends: then the transcript of the whole burst, in :meth:`_transcribe`, has the last word)."""
+        policy = self.policy
+        judged = 0
+        try:
+            while policy.state is State.HELD and policy.burst == burst and not self.closed:
+                if len(self._turn_audio) < judged + REJUDGE_WINDOWS:
+                    await asyncio.sleep(REJUDGE_WINDOWS * WINDOW_MS / 1000)
+                    continue
+                judged = len(self._turn_audio)
+                text, failed = await self._words(b"".join(self._turn_audio))
+                self.counters["judgements"] += 1
+                self._emit(policy.judge_failed(burst) if failed else policy.judged(text, burst))
+        finally:
+            self._judging = False
 
     def _track_audio(self, before: State, after: State) -> None:
         """Keep the current burst's audio (plus a little pre-roll) for the transcriber."""
@@ -263,23 +308,43 @@ class SpeechSession(SessionProcessor):
             self._pre_roll.append(window)
 
     async def _transcribe(self, audio: bytes) -> None:
+        """The burst ends with the next window: its words first. A held burst is judged by them
+        (a barge-in after all, or a backchannel); a turn gets them in its history."""
+        policy = self.policy
+        text, failed = await self._words(audio)
+        if policy.state is State.HELD:
+            self._emit(policy.judge_failed(policy.burst) if failed else policy.judged(text, policy.burst))
+        if text and policy.state is State.SPEAKING:
+            self.counters["transcripts"] += 1
+            self._send(UserTranscriptionReceived(content=text), IN)
+            policy.note_transcript()
+        self._busy = False
+        if not self.closed:
+            self._advance()
+
+    async def _words(self, audio: bytes) -> tuple[str | None, bool]:
+        """(text, failed): the engine's words for ``audio``; a failure is logged and counted, and
+        never loses the turn (the caller decides what happens without words)."""
         try:
             text = await self.transcriber.transcribe(
                 audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
             )
+        except (TranscriberBehind, TimeoutError) as exc:
+            self.counters["stt_behind"] += 1
+            log.warning("session %s: speech-to-text is behind (%s); judging by timing", self.session_id, exc)
+            now = time.monotonic()
+            if now - self._behind_reported >= BEHIND_REPORT_S:
+                self._behind_reported = now
+                self._send(SessionError(code=SessionErrorCode.STT_BEHIND, message=str(exc)), OUT)
+            return None, True
         except Exception:
             self.counters["transcriber_errors"] += 1
             log.exception(
                 "session %s: the transcriber failed; the turn goes on without text", self.session_id
             )
-            text = None
-        if text and text.strip():
-            self.counters["transcripts"] += 1
-            self._send(UserTranscriptionReceived(content=text.strip()), IN)
-            self.policy.note_transcript()
-        self._busy = False
-        if not self.closed:
-            self._advance()
+            return None, True
+        text = text.strip() if text else ""
+        return text or None, False
 
     def _announce(self, emission: Emission) -> None:
         end = (

@@ -27,7 +27,8 @@ from bargein.speech.whisper import WhisperTranscriber
 class Transcriber(Protocol):
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
         """The words in ``audio`` (one user turn), or None if there are none or no STT is wired.
-        Raising is treated as None (logged and counted): a failed STT must not lose the turn."""
+        Raising is treated as None (logged and counted): a failed STT must not lose the turn;
+        :class:`TranscriberBehind` and :class:`TimeoutError` say it is behind."""
         ...
 
 

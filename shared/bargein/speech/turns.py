@@ -13,6 +13,15 @@ The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridabl
   windows; pauses shorter than that are part of the burst. Its end is where that silence began.
 * :class:`UserStartedSpeaking` (the barge-in) is emitted once a burst holds ``min_interruption_ms``
   of voiced windows; a burst with less (a click, a breath) emits nothing at all.
+* While the agent is speaking (:attr:`TurnPolicy.agent_speaking`, from the edge's
+  :class:`~bargein.agent.events.AgentPlayback`) and words can be judged (:attr:`TurnPolicy.judges`:
+  a speech-to-text engine runs, ``interrupt_words`` > 0), a burst that reaches
+  ``min_interruption_ms`` is *held* instead: the service transcribes what it has so far and calls
+  :meth:`TurnPolicy.judged`; once the words hold ``interrupt_words`` words that are not
+  backchannels, or the burst holds ``max_backchannel_ms`` of voice whatever it said, or the
+  engine failed (:meth:`TurnPolicy.judge_failed`), it is a barge-in after all. A held burst that
+  ends without that cut nothing off: :class:`UserBackchannel` if it said anything ("uh-huh"),
+  nothing at all if not (a cough).
 * When a burst that emitted :class:`UserStartedSpeaking` ends, the policy emits
   :class:`UserStoppedSpeaking`, except when the burst lasted at most
   ``false_interruption_timeout_ms`` and no transcript arrived for it: then it emits
@@ -35,7 +44,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bargein.agent.events import Event, FalseInterruption, UserStartedSpeaking, UserStoppedSpeaking
+from bargein.agent.events import (
+    Event,
+    FalseInterruption,
+    UserBackchannel,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+)
+from bargein.agent.words import content_words, spoken_words
 from bargein.errors import TurnTakingError
 from bargein.settings import (
     TURN_TAKING_FIELDS,
@@ -56,12 +72,15 @@ _DEFAULTS = turn_taking_defaults()  # the SpeechSettings defaults: one source fo
 
 @dataclass(frozen=True)
 class TurnConfig:
-    """The four numbers the policy runs on."""
+    """What the policy runs on: the per-session turn-taking settings."""
 
     speech_threshold: float = _DEFAULTS["speech_threshold"]
     min_interruption_ms: float = _DEFAULTS["min_interruption_ms"]
     min_silence_ms: float = _DEFAULTS["min_silence_ms"]
     false_interruption_timeout_ms: float = _DEFAULTS["false_interruption_timeout_ms"]
+    interrupt_words: int = _DEFAULTS["interrupt_words"]
+    max_backchannel_ms: float = _DEFAULTS["max_backchannel_ms"]
+    backchannels: tuple[str, ...] = _DEFAULTS["backchannels"]
 
     @property
     def offset_threshold(self) -> float:
@@ -69,7 +88,7 @@ class TurnConfig:
 
     @classmethod
     def from_settings(cls, settings: SpeechSettings) -> TurnConfig:
-        return cls(**{name: float(getattr(settings, name)) for name in TURN_TAKING_FIELDS})
+        return cls(**{name: getattr(settings, name) for name in TURN_TAKING_FIELDS})
 
     def with_overrides(self, overrides: Any) -> TurnConfig:
         """This config with a session's ``turn_taking`` options applied; :class:`TurnTakingError`
@@ -81,6 +100,7 @@ class TurnConfig:
 class State(enum.Enum):
     SILENT = "silent"  # no burst
     PENDING = "pending"  # a burst too short so far to be a barge-in
+    HELD = "held"  # long enough, but the agent is speaking: its words decide
     SPEAKING = "speaking"  # UserStartedSpeaking was emitted for this burst
 
 
@@ -106,7 +126,7 @@ class Burst:
     start_ms: float
     end_ms: float
     voiced_ms: float
-    outcome: str  # "ignored" (too short), "stopped" or "false_interruption"
+    outcome: str  # "ignored" (too short), "stopped", "false_interruption", "backchannel" or "noise"
 
 
 @dataclass
@@ -116,6 +136,8 @@ class TurnPolicy:
     config: TurnConfig = field(default_factory=TurnConfig)
     transcript: Callable[[], bool] | None = None
     window_ms: float = WINDOW_MS
+    judges: bool = False  # words can be judged (a speech-to-text engine runs)
+    agent_speaking: bool = False  # the agent's voice reaches the caller now
 
     state: State = State.SILENT
     windows: int = 0
@@ -127,6 +149,8 @@ class TurnPolicy:
     _voiced_ms: float = 0.0
     _silence_start_ms: float | None = None
     _transcribed: bool = False
+    burst: int = 0  # numbers the bursts, so a judgement that comes back late applies to its own
+    _heard: str | None = None  # the latest words judged of a held burst
 
     @property
     def speaking(self) -> bool:
@@ -145,7 +169,7 @@ class TurnPolicy:
     def would_end_burst(self, probability: float) -> bool:
         """Whether feeding ``probability`` next would end a burst that emitted UserStartedSpeaking.
         The service asks this to get a transcript for the burst before the policy decides."""
-        if self.state is not State.SPEAKING or self._is_voiced(probability):
+        if self.state not in (State.SPEAKING, State.HELD) or self._is_voiced(probability):
             return False
         start = (
             self._silence_start_ms if self._silence_start_ms is not None else self.windows * self.window_ms
@@ -168,18 +192,56 @@ class TurnPolicy:
             self._voiced_ms = 0.0
             self._silence_start_ms = None
             self._transcribed = False
+            self._heard = None
+            self.burst += 1
         if voiced:
             self._voiced_ms += self.window_ms
             self._silence_start_ms = None
             if self.state is State.PENDING and self._voiced_ms >= self.config.min_interruption_ms:
-                self.state = State.SPEAKING
-                out.append(self._emit(UserStartedSpeaking(), end_ms))
+                if self.holds():
+                    self.state = State.HELD
+                else:
+                    self.state = State.SPEAKING
+                    out.append(self._emit(UserStartedSpeaking(), end_ms))
+            elif self.state is State.HELD and self._voiced_ms >= self.config.max_backchannel_ms:
+                out.append(self._barge(end_ms, self._heard))  # too long to be "uh-huh"
             return out
         if self._silence_start_ms is None:
             self._silence_start_ms = start_ms
         if end_ms - self._silence_start_ms >= self.config.min_silence_ms:
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
+
+    def holds(self) -> bool:
+        """Whether a burst reaching ``min_interruption_ms`` now waits for its words."""
+        return self.judges and self.agent_speaking and self.config.interrupt_words > 0
+
+    @property
+    def at_ms(self) -> float:
+        """The end of the last window fed."""
+        return self.windows * self.window_ms
+
+    def judged(self, text: str | None, burst: int) -> list[Emission]:
+        """The words of held burst ``burst`` so far (or at its end). A barge-in once they hold
+        ``interrupt_words`` words besides backchannels; otherwise the burst stays held."""
+        if burst != self.burst or self.state is not State.HELD:
+            return []  # a late answer about a burst already decided
+        self._heard = text
+        if len(content_words(text, self.config.backchannels)) >= self.config.interrupt_words:
+            self._transcribed = True  # words, so a turn however short, never a false interruption
+            return [self._barge(self.at_ms, text)]
+        return []
+
+    def judge_failed(self, burst: int) -> list[Emission]:
+        """The engine could not say (it failed, timed out, or is behind): judge by timing, as if
+        there were no speech-to-text, rather than let a real interruption go unheard."""
+        if burst != self.burst or self.state is not State.HELD:
+            return []
+        return [self._barge(self.at_ms, None)]
+
+    def _barge(self, at_ms: float, transcript: str | None) -> Emission:
+        self.state = State.SPEAKING
+        return self._emit(UserStartedSpeaking(transcript=transcript), at_ms)
 
     def _end_burst(self, at_ms: float, speech_end_ms: float) -> list[Emission]:
         duration = speech_end_ms - self._burst_start_ms
@@ -188,6 +250,13 @@ class TurnPolicy:
         if was is State.PENDING:
             self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "ignored"))
             return []
+        if was is State.HELD:  # never a barge-in: the agent went on talking
+            said = spoken_words(self._heard)
+            outcome = "backchannel" if said else "noise"
+            self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, outcome))
+            if not said:
+                return []
+            return [self._emit(UserBackchannel(content=(self._heard or "").strip()), at_ms, speech_end_ms)]
         transcribed = self._transcribed or (self.transcript is not None and self.transcript())
         if duration <= self.config.false_interruption_timeout_ms and not transcribed:
             self.bursts.append(

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from bargein.errors import SettingsError
+from bargein.errors import SettingsError, TranscriberBehind
 from bargein.settings import TranscriptionSettings
 
 log = logging.getLogger("bargein.speech.whisper")
 LANGUAGE = "en"  # the bundled model is English only
+BACKLOG_PER_WORKER = 2  # transcriptions waiting per worker beyond which the engine says it is behind
 
 
 def bundled_model() -> Path:
@@ -64,6 +65,8 @@ class WhisperTranscriber:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
         self.directory = directory
+        self.max_pending = workers * (1 + BACKLOG_PER_WORKER)
+        self.pending = 0  # submitted and not finished: running, or waiting for a worker
         log.info(
             "speech-to-text: Whisper from %s, %d at a time, %d threads each", directory, workers, threads
         )
@@ -83,14 +86,21 @@ class WhisperTranscriber:
         samples = np.frombuffer(audio[: len(audio) // 2 * 2], dtype=np.int16).astype(np.float32) / 32768
         if not samples.size:
             return None
+        if self.pending >= self.max_pending:
+            raise TranscriberBehind(f"{self.pending} transcriptions already running or waiting")
         loop = asyncio.get_running_loop()
+        self.pending += 1
         job = loop.run_in_executor(self.pool, self._words, samples)
+        job.add_done_callback(self._finished)
         try:
-            return await asyncio.wait_for(job, self.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
         except TimeoutError:
             raise TimeoutError(
                 f"transcribing {samples.size / 16_000:.1f} s took over {self.timeout_s} s"
             ) from None
+
+    def _finished(self, _job: asyncio.Future[str | None]) -> None:
+        self.pending -= 1  # counted when the thread is done, not when the caller gave up waiting
 
     def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
         segments, _ = self.model.transcribe(

@@ -62,6 +62,7 @@ from bargein.edge.protocol import (
     SpeakingStopped,
     TextTurn,
     TurnComplete,
+    UserTranscript,
     frame_json,
     parse_server_frame,
 )
@@ -375,6 +376,13 @@ class Call:
                 return
             self.answer_due = now
             self.tl.entry("user_stopped_speaking", "user", "▸ stops speaking")
+        elif isinstance(frame, UserTranscript):
+            if frame.backchannel:
+                self.tl.entry(
+                    "user_transcript", "user", f"  (“{frame.text}”, not an interruption)", backchannel=True
+                )
+            else:
+                self.tl.entry("user_transcript", "user", f"  “{frame.text}”", text=frame.text)
         elif isinstance(frame, ErrorFrame):
             if frame.code in ErrorCode.FATAL:
                 self.fatal = f"{frame.code}: {frame.message}"

@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ses.add_argument("--sessions", type=_positive, default=1000, help="sessions created (default 1000)")
     ses.add_argument("--concurrency", type=_positive, default=20, help="created at a time (default 20)")
+    dec = bench_sub.add_parser(
+        "bargein-decisions",
+        help="real interruptions, backchannels and noises over the agent: is the cut right? (BARGEIN_STT)",
+    )
+    dec.add_argument("--concurrency", type=_positive, default=2, help="callers at a time (default 2)")
+    dec.add_argument("--json", metavar="PATH", help="also write every clip's decision to PATH")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -165,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_vad import main as vad_main
 
             return vad_main(args=args)
+        if args.command == "bench" and args.bench == "bargein-decisions":
+            from bargein.tools.bench_decisions import decisions_main
+
+            return decisions_main(args.concurrency, args.json)
         if args.command == "bench" and args.bench == "sessions":
             from bargein.tools.bench_sessions import sessions_main
 

@@ -79,9 +79,16 @@ def edge_queue(owner: str, kind: Kind) -> str:
     return f"bargein.edge.{owner}.{kind}"
 
 
-# the caller-side events the client edge shows clients or acts on (speech start/stop, a hang-up
-# from another edge process)
-EDGE_HEARS_IN = ("UserStartedSpeaking", "UserStoppedSpeaking", "FalseInterruption", "EndCall")
+# the caller-side events the client edge shows clients or acts on (speech start/stop, what the
+# caller said, a hang-up from another edge process)
+EDGE_HEARS_IN = (
+    "UserStartedSpeaking",
+    "UserStoppedSpeaking",
+    "FalseInterruption",
+    "UserTranscriptionReceived",
+    "UserBackchannel",
+    "EndCall",
+)
 
 
 def edge_bindings(session: str) -> list[tuple[Kind, str]]:

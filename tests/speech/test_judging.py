@@ -1,0 +1,161 @@
+"""Barge-ins judged by words while the agent speaks: the policy's held state, the word test it
+applies, and ``words_at_least`` for agents' own routes.
+
+The policy is driven with synthetic probabilities and told what the engine "heard" (the engine
+itself is tested on real audio in test_corpus.py and test_whisper.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bargein import words_at_least
+from bargein.agent.events import (
+    FalseInterruption,
+    UserBackchannel,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.agent.message import Message
+from bargein.agent.words import content_words, spoken_words
+from bargein.errors import TurnTakingError
+from bargein.speech.turns import State, TurnConfig, TurnPolicy
+
+HI, LO = 0.9, 0.05
+W = 32.0
+
+
+def held(**config: object) -> TurnPolicy:
+    """A policy that can judge words, with the agent speaking."""
+    policy = TurnPolicy(TurnConfig(**config), judges=True)  # type: ignore[arg-type]
+    policy.agent_speaking = True
+    return policy
+
+
+def feed(policy: TurnPolicy, probabilities: list[float]) -> list[str]:
+    return [e.event.type_name() for p in probabilities for e in policy.feed(p)]
+
+
+def kinds(policy: TurnPolicy) -> list[str]:
+    return [e.event.type_name() for e in policy.emissions]
+
+
+def n(ms: float) -> int:
+    return round(ms / W)
+
+
+def test_while_the_agent_speaks_a_burst_waits_for_its_words_instead_of_cutting_it_off() -> None:
+    policy = held()
+    assert feed(policy, [LO] * 5 + [HI] * n(320)) == []  # past min_interruption_ms (250): held
+    assert policy.state is State.HELD
+    assert [e.event.type_name() for e in policy.judged("Uh-huh.", policy.burst)] == []  # listening
+    (barge,) = policy.judged("Uh-huh, wait, stop.", policy.burst)  # ... then real words
+    assert isinstance(barge.event, UserStartedSpeaking) and barge.event.transcript == "Uh-huh, wait, stop."
+    assert feed(policy, [LO] * n(600)) == ["UserStoppedSpeaking"]
+
+
+def test_a_backchannel_that_ends_cuts_nothing_off_and_is_reported_as_such() -> None:
+    policy = held()
+    feed(policy, [LO] * 5 + [HI] * n(400))
+    policy.judged("Mm-hmm. Okay.", policy.burst)
+    assert feed(policy, [LO] * n(600)) == ["UserBackchannel"]
+    (emission,) = policy.emissions
+    assert isinstance(emission.event, UserBackchannel) and emission.event.content == "Mm-hmm. Okay."
+    assert [b.outcome for b in policy.bursts] == ["backchannel"]
+    assert policy.state is State.SILENT
+
+
+def test_a_held_burst_with_no_words_at_all_is_noise_and_emits_nothing() -> None:
+    policy = held()
+    feed(policy, [LO] * 5 + [HI] * n(400))
+    policy.judged(None, policy.burst)
+    policy.judged("(coughing)", policy.burst)  # engines mark non-speech in brackets
+    assert feed(policy, [LO] * n(600)) == []
+    assert [b.outcome for b in policy.bursts] == ["noise"]
+
+
+def test_speech_too_long_to_be_a_backchannel_interrupts_whatever_it_said() -> None:
+    policy = held(max_backchannel_ms=800)
+    feed(policy, [HI] * n(500))
+    policy.judged("Okay okay", policy.burst)
+    assert feed(policy, [HI] * n(400)) == ["UserStartedSpeaking"]
+    assert policy.emissions[0].event.transcript == "Okay okay"  # type: ignore[attr-defined]
+
+
+def test_when_the_engine_cannot_say_the_burst_interrupts_by_timing() -> None:
+    policy = held()
+    feed(policy, [HI] * n(300))
+    (barge,) = policy.judge_failed(policy.burst)
+    assert isinstance(barge.event, UserStartedSpeaking) and barge.event.transcript is None
+    assert feed(policy, [LO] * n(600)) == ["FalseInterruption"]  # short and wordless, as without STT
+
+
+def test_a_late_judgement_about_an_earlier_burst_changes_nothing() -> None:
+    policy = held()
+    feed(policy, [HI] * n(300))
+    first = policy.burst
+    policy.judged(None, first)
+    feed(policy, [LO] * n(600) + [HI] * n(300))  # the first burst ended (noise); a second is held
+    assert policy.judged("stop right there", first) == []
+    assert policy.state is State.HELD
+    assert len(policy.judged("stop right there", policy.burst)) == 1
+
+
+@pytest.mark.parametrize(
+    ("judges", "speaking", "words"),
+    [(False, True, 1), (True, False, 1), (True, True, 0)],
+    ids=["no-engine", "agent-silent", "interrupt-words-0"],
+)
+def test_without_an_engine_an_agent_speaking_or_the_setting_bursts_interrupt_on_timing(
+    judges: bool, speaking: bool, words: int
+) -> None:
+    policy = TurnPolicy(TurnConfig(interrupt_words=words), judges=judges)
+    policy.agent_speaking = speaking
+    assert feed(policy, [HI] * n(300)) == ["UserStartedSpeaking"]  # a "yeah" answering a question is a turn
+    assert policy.state is State.SPEAKING
+
+
+def test_interrupt_words_counts_only_words_that_are_not_backchannels() -> None:
+    policy = held(interrupt_words=2)
+    feed(policy, [HI] * n(300))
+    assert policy.judged("Okay, wait.", policy.burst) == []  # one word besides "okay": not yet
+    assert len(policy.judged("Okay, wait. Stop.", policy.burst)) == 1
+
+
+def test_a_sessions_own_backchannels_replace_the_defaults() -> None:
+    config = TurnConfig().with_overrides({"backchannels": ["ja", "genau"], "interrupt_words": 1})
+    assert config.backchannels == ("ja", "genau")
+    policy = TurnPolicy(config, judges=True)
+    policy.agent_speaking = True
+    feed(policy, [HI] * n(300))
+    assert policy.judged("Ja genau", policy.burst) == []
+    assert len(policy.judged("Okay", policy.burst)) == 1  # not a backchannel for this session
+    with pytest.raises(TurnTakingError, match="backchannels"):
+        TurnConfig().with_overrides({"backchannels": "ja"})
+    with pytest.raises(TurnTakingError, match="interrupt_words"):
+        TurnConfig().with_overrides({"interrupt_words": -1})
+
+
+def test_the_word_test() -> None:
+    assert spoken_words("Wait — STOP! [BLANK_AUDIO] (coughs) *sigh*") == ["wait", "stop"]
+    assert content_words("Okay, uh-huh. Got it, I see.") == []
+    assert content_words("Yeah, but that's wrong") == ["but", "that's", "wrong"]
+    assert content_words("got") == ["got"]  # a phrase matches only whole
+
+
+def msg(event: object) -> Message:
+    return Message(event=event)  # type: ignore[arg-type]
+
+
+def test_words_at_least_is_a_condition_for_an_agents_own_routes() -> None:
+    two = words_at_least(2)
+    assert two(msg(UserStartedSpeaking(transcript="Wait, stop.")))
+    assert not two(msg(UserStartedSpeaking(transcript="Okay, stop.")))
+    assert not two(msg(FalseInterruption(transcript="uh-huh")))
+    assert two(msg(UserStartedSpeaking()))  # no words known (no STT, the stop button): timing decides
+    assert not words_at_least(1, unknown=False)(msg(UserStartedSpeaking()))
+    assert two(msg(UserTranscriptionReceived(content="no, the other one")))  # a turn's words count too
+    assert not two(msg(UserTranscriptionReceived(content="yes")))
+    assert two(msg(UserStoppedSpeaking()))  # no words on it: unknown
+    with pytest.raises(ValueError, match="n >= 0"):
+        words_at_least(-1)
