@@ -160,8 +160,9 @@ class SpeechSettings(_Base):
 class TranscriptionSettings(_Base):
     """Speech-to-text in the speech tier (one engine per process, shared by its sessions)."""
 
-    stt: Literal["none", "whisper"] = Field(
-        default="none", description="Speech-to-text engine: none (turn timing only) or whisper (on the CPU)."
+    stt: Literal["auto", "none", "whisper", "openai"] = Field(
+        default="auto",
+        description="Speech-to-text: whisper (CPU), openai (a server), none; auto: whisper if installed.",
     )
     stt_model: str | None = Field(
         default=None,
@@ -170,6 +171,16 @@ class TranscriptionSettings(_Base):
     stt_threads: int = Field(default=1, ge=1, le=64, description="CPU threads per transcription.")
     stt_workers: int = Field(default=2, ge=1, le=64, description="Transcriptions run at once, at most.")
     stt_timeout_s: float = Field(default=10.0, gt=0, description="A transcription taking longer is given up.")
+    stt_base_url: str | None = Field(
+        default=None, description="openai: the server's API root, e.g. http://gpu-box:8000/v1."
+    )
+    stt_api_key: str = Field(
+        default="not-needed", description="openai: the API key, if the server wants one."
+    )
+    stt_openai_model: str = Field(default="whisper-1", description="openai: the model name the server knows.")
+    stt_language: str = Field(
+        default="en", description="openai: the language hint (empty: let the server detect)."
+    )
 
 
 class BroadcastSettings(_Base):

@@ -189,6 +189,12 @@ async def test_microphone_question_answer_and_barge_in(
     # measured from where the second utterance begins in the audio the page sent
     assert await mark.get_attribute("data-from") == "voice"
     assert (await mark.get_attribute("data-ms") or "").isdigit()
+    # the speech service runs speech-to-text (the bundled Whisper): the page shows the caller's words
+    await page.wait_for_function(
+        """() => [...document.querySelectorAll(".user-turn[data-kind='voice']")]
+                   .some(el => /weather/i.test(el.textContent))""",
+        timeout=ANSWER_TIMEOUT_MS,
+    )
     frames = int(await page.get_attribute("#mic-state", "data-frames-sent") or "0")
     assert frames > 50  # more than a second of microphone audio went out
     await page.click("#end")

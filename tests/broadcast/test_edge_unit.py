@@ -10,13 +10,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bargein.agent.events import AgentResponse, InterruptPolicy, TurnInterrupted, UserStartedSpeaking
+from bargein.agent.events import (
+    AgentGenerationComplete,
+    AgentPlayback,
+    AgentResponse,
+    InterruptPolicy,
+    TurnInterrupted,
+    UserBackchannel,
+    UserStartedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.agent.message import Source
 from bargein.edge.core import CLOSE_SLOW, Connection, Edge, Outbox
 from bargein.edge.protocol import AgentChunk, Clear, SpeakingStarted, TurnComplete, frame_json
 from bargein.settings import BroadcastSettings
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope
-from bargein.wire.names import TIER_REASONING
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
 
 from ..sdk.helpers import wait_for
 
@@ -49,7 +59,7 @@ def frames(connection: Connection) -> list[dict[str, Any]]:
     return [frame_json(f) for f in connection.outbox.frames]
 
 
-async def push(edge: Edge, session: str, event: Any, **fields: int) -> None:
+async def push(edge: Edge, session: str, event: Any, **fields: Any) -> None:
     """Hand the edge what its queue would: ``event`` as the session's owner (epoch 1) sent it."""
     if fields.get("epoch", 0) > await edge.store.current_epoch(TIER_REASONING, session):
         await edge.store.acquire_lease(TIER_REASONING, session, "the-owner", 60_000)
@@ -170,5 +180,51 @@ async def test_a_message_claiming_an_epoch_nobody_was_given_is_dropped() -> None
         await push(edge, "s6", AgentResponse(content="still real"), turn=1, seq=1, epoch=1)
         assert [f.get("text") for f in frames(connection)] == ["real", "still real"]
         assert edge.counters["forged_epochs"] == 1
+    finally:
+        await edge.stop()
+
+
+async def test_the_speech_tier_is_told_when_the_agent_starts_and_stops_reaching_the_caller() -> None:
+    """AgentPlayback goes to the session's speech mailbox (the audio lane, in order with the
+    caller's audio): speaking from the turn's first chunk; stopped once the turn is complete and its
+    last chunk has reached the caller, or at once when the turn is cleared."""
+    edge = await make_edge()
+    try:
+        told: list[bool] = []
+
+        async def speech(_: Envelope, event: Any) -> None:
+            if isinstance(event, AgentPlayback):
+                told.append(event.speaking)
+
+        await edge.transport.open_mailbox("s6", TIER_SPEECH, IN, speech)
+        sock = FakeSocket(stuck=True)  # nothing reaches the caller until it reads
+        await edge.join("s6", sock, "caller", False)  # type: ignore[arg-type]
+        for seq in range(3):
+            await push(edge, "s6", AgentResponse(content="x "), turn=1, seq=seq, epoch=1)
+        await push(edge, "s6", AgentGenerationComplete(), turn=1, seq=3, epoch=1)
+        await wait_for(lambda: told == [True])
+        await asyncio.sleep(0.05)
+        assert told == [True]  # complete, but the caller has not been sent the end of it yet
+        sock.unblock.set()
+        await wait_for(lambda: told == [True, False])
+        await push(edge, "s6", AgentResponse(content="y "), turn=2, seq=0, epoch=1)
+        await wait_for(lambda: told == [True, False, True])
+        await push(edge, "s6", TurnInterrupted(turn=2), epoch=1)  # cut off: stopped now
+        await wait_for(lambda: told == [True, False, True, False])
+    finally:
+        await edge.stop()
+
+
+async def test_what_speech_to_text_heard_is_shown_to_clients() -> None:
+    edge = await make_edge()
+    try:
+        connection = await edge.join("s7", FakeSocket(stuck=True), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s7", UserTranscriptionReceived(content="Book a table."), source=Source.SPEECH)
+        await push(edge, "s7", UserBackchannel(content="Uh-huh."), source=Source.SPEECH)
+        await push(edge, "s7", UserTranscriptionReceived(content="typed"), source=Source.EDGE)  # a text turn
+        assert frames(connection) == [
+            {"type": "user_transcript", "text": "Book a table.", "backchannel": False},
+            {"type": "user_transcript", "text": "Uh-huh.", "backchannel": True},
+        ]
     finally:
         await edge.stop()

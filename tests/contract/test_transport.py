@@ -22,6 +22,7 @@ from bargein import (
     AudioFrame,
     EndCall,
     Event,
+    SpeechDelivered,
     TurnInterrupted,
     UserStartedSpeaking,
     UserTranscriptionReceived,
@@ -209,15 +210,17 @@ async def test_an_edge_queue_hears_the_sessions_added_to_it_until_removed(bus: B
     await publisher.declare_mailbox(s, TIER_REASONING, IN)  # so the caller-side events route somewhere
     await publisher.publish(Envelope.wrap(s, AgentResponse(content="output"), turn=1), OUT)
     await publisher.publish(Envelope.wrap(s, UserStartedSpeaking()), IN)
-    await publisher.publish(Envelope.wrap(s, text("a transcript is not for the edge")), IN)
+    await publisher.publish(Envelope.wrap(s, SpeechDelivered(turn=1, seq=0)), IN)  # not for the edge
+    await publisher.publish(Envelope.wrap(s, text("what the caller said")), IN)  # shown to clients
     await publisher.publish(Envelope.wrap(other, AgentResponse(content="another session")), OUT)
     await publisher.publish(Envelope.wrap(s, TurnInterrupted(turn=1), turn=1), OUT)
-    await until(lambda: len(seen) == 3)
+    await until(lambda: len(seen) == 4)
     await queue.remove_session(s)
     await publisher.publish(Envelope.wrap(s, AgentResponse(content="after removal")), OUT)
     await asyncio.sleep(0.3)
     # control overtakes what is still waiting; among data, and among control, order holds
-    assert sorted(contents(seen)) == sorted(["output", "UserStartedSpeaking", "TurnInterrupted"])
+    expected = ["output", "UserStartedSpeaking", "what the caller said", "TurnInterrupted"]
+    assert sorted(contents(seen)) == sorted(expected)
     await queue.cancel()
 
 

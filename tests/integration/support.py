@@ -42,10 +42,17 @@ class Client:
         self.redis = redis_client
         self.callers: list[Caller] = []
 
-    async def open(self, options: dict[str, Any], tiers: Sequence[Tier] = (TIER_REASONING,)) -> Caller:
-        """What the edge does when a caller arrives: listen, then start the session in each tier."""
+    async def open(
+        self,
+        options: dict[str, Any],
+        tiers: Sequence[Tier] = (TIER_REASONING,),
+        *,
+        report_playback: bool = False,
+    ) -> Caller:
+        """What the edge does when a caller arrives: listen, then start the session in each tier
+        (``report_playback``: and tell the speech tier when the agent's chunks reach the caller)."""
         sid = new_session_id()
-        caller = Caller(self.transport, sid)
+        caller = Caller(self.transport, sid, report_playback=report_playback)
         await caller.attach()
         info = SessionInfo(sid, dict(options), edge_reports_delivery=True)
         for tier in tiers:

@@ -20,9 +20,11 @@ import pytest
 
 from bargein.agent.events import AgentResponse, AudioFrame, SessionError
 from bargein.testing.caller import Caller
+from bargein.tools import corpus
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
 from tests.speech import frames, pcm, speech_marks
+from tests.speech.test_whisper import word_error_rate
 
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, connected_client, owner_pid
@@ -64,7 +66,9 @@ class SpeechClient(Client):
             await self.send_audio(caller, frame)
             await asyncio.sleep(FRAME_PERIOD_S)
 
-    async def open_owned(self, cluster: Cluster, attempts: int = 8) -> Caller:
+    async def open_owned(
+        self, cluster: Cluster, attempts: int = 8, *, report_playback: bool = False
+    ) -> Caller:
         """A session whose two leases are held by this module's processes.
 
         The work queues are shared by every process on the broker: when another test run's
@@ -75,7 +79,7 @@ class SpeechClient(Client):
         ours = {p.pid for p in cluster.processes}
         foreign: list[bytes] = []
         for _ in range(attempts):
-            caller = await self.open(PROBE, tiers=TIERS)
+            caller = await self.open(PROBE, tiers=TIERS, report_playback=report_playback)
             leases = [await self.lease(caller, tier) for tier in TIERS]
             if all(owner_pid(lease) in ours for lease in leases):
                 return caller
@@ -133,3 +137,43 @@ async def test_bad_frames_reach_the_client_as_errors_and_the_service_carries_on(
     event = await caller.next(timeout=T)
     assert isinstance(event, AgentResponse), event
     assert all(p.alive() for p in cluster.processes)
+
+
+# --- speech-to-text: the services run the bundled Whisper (BARGEIN_STT=auto, bargein[stt] installed) --
+
+
+async def test_a_spoken_turn_reaches_the_agents_history_as_words(
+    client: SpeechClient, cluster: Cluster
+) -> None:
+    caller = await client.open_owned(cluster)
+    await client.stream(caller, pcm("one_utterance.wav"))
+    turn = await caller.collect_turn(timeout=T)
+    answer = "".join(e.content for e in turn if isinstance(e, AgentResponse))
+    # the probe agent echoes the user's words from its history before its tail
+    said = answer.split("tail0")[0]
+    assert word_error_rate("Hello, I would like to book a table for two tonight.", said) <= 0.2, answer[:120]
+
+
+async def test_over_the_agent_a_backchannel_does_not_cut_it_off_and_words_do(
+    client: SpeechClient, cluster: Cluster
+) -> None:
+    """The caller reports playback as the edge does; "uh-huh" over the answer is heard as a
+    backchannel (the answer goes on), "wait, stop" is a barge-in."""
+    clips = {c.text: c for c in corpus.build(voices=("en-us",), rates=(170,), interruptions=("Wait, stop.",),
+                                             backchannels=("Uh-huh.",), noises=0)}  # fmt: skip
+    caller = await client.open_owned(cluster, report_playback=True)
+    first, _ = split_between_utterances("barge_in.wav")
+    await client.stream(caller, first)
+    assert isinstance(await caller.next(timeout=T), AgentResponse)  # the agent speaks to the caller
+    speech = cluster.processes[0]
+    heard_before = speech.log().count("UserBackchannel")
+    await client.stream(caller, clips["Uh-huh."].audio)
+    async with asyncio.timeout(T):
+        while speech.log().count("UserBackchannel") == heard_before:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    assert not caller.interrupted_turns  # listened to, not cut off
+    assert not any(n.startswith("cancelled") for n in await client.notes(caller))
+    await client.stream(caller, clips["Wait, stop."].audio)
+    note = await client.wait_note(caller, "cancelled")
+    await caller.wait_interrupted(1, timeout=T)
+    assert note.startswith("cancelled")

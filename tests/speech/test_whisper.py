@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from bargein.errors import SettingsError
 from bargein.settings import TranscriptionSettings, load
 from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
 from bargein.speech.whisper import WhisperTranscriber
+from bargein.tools.bench_stt import word_errors
 
 from . import pcm
 from .test_processor import Rig
@@ -30,19 +30,10 @@ def whisper() -> WhisperTranscriber:
     return WhisperTranscriber(threads=1, workers=2)
 
 
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
-
-
 def word_error_rate(said: str, heard: str) -> float:
-    """Edit distance over words, divided by the words said."""
-    ref, hyp = words(said), words(heard)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
-    return row[-1] / max(len(ref), 1)
+    """Edit distance over words, divided by the words said (the bench's own measure)."""
+    errors, words = word_errors(said, heard)
+    return errors / max(words, 1)
 
 
 @pytest.mark.parametrize("fixture", ["one_utterance.wav", "two_utterances.wav", "barge_in.wav"])

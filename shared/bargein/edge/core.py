@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
@@ -71,6 +70,7 @@ from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
+from bargein.wire.playback import Playback
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.edge")
@@ -188,16 +188,6 @@ class Connection:
                 await self.ws.close(code)
 
 
-@dataclasses.dataclass
-class Playing:
-    """The turn whose voice reaches the caller now, and how far it has got."""
-
-    turn: int
-    last_sent: int  # seq of the last chunk sent
-    heard: int = -1  # seq of the last chunk delivered (or, with reports=played, played)
-    complete: bool = False  # the agent finished the turn: once all of it is heard, it stops
-
-
 class EdgeSession:
     """One session as this edge process sees it."""
 
@@ -216,7 +206,8 @@ class EdgeSession:
         self.heard = HeardLog()  # what every owner is told when it starts
         self.ended = False
         self.idle_since: float | None = time.monotonic()
-        self.playing: Playing | None = None
+        self.playback = Playback()  # told to the speech tier as it changes, in order
+        self.playback_lock = asyncio.Lock()
 
     def broadcast(self, frame: Frame) -> None:
         self.history.append(frame)
@@ -257,8 +248,7 @@ class EdgeSession:
         self.history = collections.deque(
             (f for f in self.history if not 0 < _turn_of(f) <= turn), maxlen=HISTORY_FRAMES
         )
-        if self.playing is not None and self.playing.turn <= turn:
-            self._playback(None)
+        self.tell_speech(self.playback.cleared(turn))
         log.info(
             "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
         )
@@ -266,34 +256,13 @@ class EdgeSession:
     def delivered(self, turn: int, seq: int) -> None:
         if self.heard.heard(turn, seq):
             self.reports[turn] = seq
-        if self.playing is not None and self.playing.turn == turn:
-            self.playing.heard = max(self.playing.heard, seq)
-            self._maybe_stopped()
+        self.tell_speech(self.playback.heard(turn, seq))
 
-    # --- whether the agent's voice reaches the caller now (AgentPlayback, for the speech tier) ---
-
-    def chunk_sent(self, turn: int, seq: int) -> None:
-        if self.playing is not None and self.playing.turn == turn:
-            self.playing.last_sent = max(self.playing.last_sent, seq)
-        else:
-            self._playback(Playing(turn, seq))
-
-    def turn_done(self, turn: int) -> None:
-        if self.playing is not None and self.playing.turn == turn:
-            self.playing.complete = True
-            self._maybe_stopped()
-
-    def _maybe_stopped(self) -> None:
-        playing = self.playing
-        if playing is not None and playing.complete and playing.heard >= playing.last_sent:
-            self._playback(None)
-
-    def _playback(self, playing: Playing | None) -> None:
-        """Tell the speech tier when the agent starts or stops reaching the caller (a turn's
-        first chunk sent; its last chunk heard after it completed, or the turn cleared)."""
-        was, self.playing = self.playing is not None, playing
-        if was != (playing is not None):
-            self.edge.spawn(self.edge.playback(self.session_id, playing is not None))
+    def tell_speech(self, speaking: bool | None) -> None:
+        """The agent started or stopped reaching the caller: tell the session's speech owner
+        (:class:`AgentPlayback`, so a burst over the agent is judged by its words)."""
+        if speaking is not None:
+            self.edge.spawn(self.edge.playback(self, speaking))
 
     def take_reports(self) -> dict[int, int]:
         reports, self.reports = self.reports, {}
@@ -463,14 +432,14 @@ class Edge:
                 session.highest_turn = max(session.highest_turn, envelope.turn)
                 session.heard.sent(envelope.turn, envelope.seq, event.content)
                 session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
-                session.chunk_sent(envelope.turn, envelope.seq)
+                session.tell_speech(session.playback.sent(envelope.turn, envelope.seq))
             else:
                 self.count("dropped_chunks")
         elif isinstance(event, AgentGenerationComplete):
             if session.fence.admit(envelope):
                 session.completed.add(envelope.turn)
                 session.broadcast(TurnComplete(turn=envelope.turn))
-                session.turn_done(envelope.turn)
+                session.tell_speech(session.playback.complete(envelope.turn))
         elif isinstance(event, SessionError):
             session.broadcast(ErrorFrame(code=event.code, message=event.message))
         elif isinstance(event, AgentError):
@@ -520,13 +489,15 @@ class Edge:
 
     # --- from clients ----------------------------------------------------------------------------
 
-    async def playback(self, session_id: str, speaking: bool) -> None:
-        """Publish :class:`AgentPlayback` for the session's speech owner (see EdgeSession._playback)."""
-        try:
-            await self._publish(session_id, AgentPlayback(speaking=speaking))
-        except Exception as exc:  # no speech mailbox (the call is ending), or the broker is away
-            self.count("playback_unsent")
-            log.debug("session %s: playback %s not sent: %s", session_id, speaking, exc)
+    async def playback(self, session: EdgeSession, speaking: bool) -> None:
+        """Publish :class:`AgentPlayback` for the session's speech owner (EdgeSession.tell_speech);
+        one at a time per session, so the speech tier hears the changes in the order they happened."""
+        async with session.playback_lock:
+            try:
+                await self._publish(session.session_id, AgentPlayback(speaking=speaking))
+            except Exception as exc:  # no speech mailbox (the call is ending), or the broker is away
+                self.count("playback_unsent")
+                log.debug("session %s: playback %s not sent: %s", session.session_id, speaking, exc)
 
     async def _publish(self, session_id: str, event: Event, source: str = Source.EDGE) -> None:
         self._seq += 1

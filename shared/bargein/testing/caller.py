@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from bargein.agent.events import (
     AgentGenerationComplete,
+    AgentPlayback,
     AgentResponse,
     EndCall,
     Event,
@@ -33,6 +34,7 @@ from bargein.wire.envelope import Envelope
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
 from bargein.wire.names import IN, OUT, TIER_EDGE
+from bargein.wire.playback import Playback
 
 E = TypeVar("E", bound=Event)
 
@@ -44,11 +46,14 @@ class Caller:
         session_id: str,
         *,
         report_delivery: bool = True,
+        report_playback: bool = False,
         settle: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.transport = transport
         self.session_id = session_id
         self.report_delivery = report_delivery
+        self.report_playback = report_playback  # tell a speech tier when the agent speaks, as the edge does
+        self.playback = Playback()
         self._settle = settle
         self.fence = TurnFence()
         self.heard = HeardLog()  # handed to every owner as it starts, as the broadcast service does
@@ -92,6 +97,7 @@ class Caller:
                     await self._report(self.heard.record())
             return
         if isinstance(event, TurnInterrupted):
+            await self._tell_speech(self.playback.cleared(event.turn))
             if self.fence.interrupt(event.turn):
                 self.interrupted_turns.append(event.turn)
                 kept = [item for item in self._buffer if not self.fence.is_fenced(item[0].turn)]
@@ -124,15 +130,26 @@ class Caller:
         session (as the broadcast edge does)."""
         self.received.append((envelope, event))
         if isinstance(event, AgentResponse):
+            await self._tell_speech(self.playback.sent(envelope.turn, envelope.seq))
+            await self._tell_speech(self.playback.heard(envelope.turn, envelope.seq))
             self.heard.sent(envelope.turn, envelope.seq, event.content)
             if self.report_delivery and self.heard.heard(envelope.turn, envelope.seq):
                 await self._report(SpeechDelivered(turn=envelope.turn, seq=envelope.seq))
+        if isinstance(event, AgentGenerationComplete):
+            await self._tell_speech(self.playback.complete(envelope.turn))
         if isinstance(event, EndCall) and envelope.source not in Source.CALLER_SIDE:
             # the agent hung up and everything before it was handed out: end the session, as the
             # broadcast edge does, so its owners let it go
             hangup = EndCall(reason="agent ended the call")
             await self.transport.publish(Envelope.wrap(self.session_id, hangup, source=Source.EDGE), IN)
             self.ended = True
+
+    async def _tell_speech(self, speaking: bool | None) -> None:
+        if speaking is None or not self.report_playback:
+            return
+        with contextlib.suppress(UnroutableError):  # no speech tier runs for this session
+            envelope = Envelope.wrap(self.session_id, AgentPlayback(speaking=speaking), source=Source.EDGE)
+            await self.transport.publish(envelope, IN)
 
     async def _report(self, report: SpeechDelivered | HeardRecord) -> None:
         await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)

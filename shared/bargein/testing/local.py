@@ -37,12 +37,14 @@ class LocalSession(Caller):
         session_id: str | None = None,
         options: dict[str, Any] | None = None,
         report_delivery: bool = True,
+        report_playback: bool = False,
     ) -> None:
         self.broker = MemoryBroker()
         super().__init__(
             MemoryTransport(self.broker),
             session_id or new_session_id(),
             report_delivery=report_delivery,
+            report_playback=report_playback,
             settle=self._settle,
         )
         self.agent = agent

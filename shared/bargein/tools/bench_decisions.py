@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,6 +33,7 @@ from bargein.agent.events import (
     Event,
     UserBackchannel,
     UserStartedSpeaking,
+    UserTranscriptionReceived,
 )
 from bargein.hosting.host import SessionHost
 from bargein.hosting.sessions import create_session
@@ -41,6 +42,7 @@ from bargein.settings import SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.session import SpeechSession, SpeechSessions
 from bargein.speech.transcriber import Transcriber, transcriber_from_settings
+from bargein.speech.turns import Emission
 from bargein.speech.vad import WINDOW_BYTES, shared_model
 from bargein.tools.benchkit import BenchError, percentile, run_main, say, verdict
 from bargein.tools.corpus import Clip, standard
@@ -62,6 +64,22 @@ class Decision:
     interrupted: bool
     transcript: str | None  # what the barge-in or the backchannel carried
     delay_ms: float | None  # audio time from the caller's first sound to the barge-in
+
+
+@dataclass
+class Played:
+    clip: Clip
+    events: list[tuple[float, Event]] = field(default_factory=list)  # (monotonic time, event) to the agent
+    emissions: list[Emission] = field(default_factory=list)
+    speech_ended_at: float | None = None  # when the frame holding the end of the speech was sent
+    behind: int = 0  # times the engine said it was behind
+
+    def transcript(self) -> tuple[float, str] | None:
+        """(seconds after the speech ended, text) of the turn's transcript, if one came."""
+        for at, event in self.events:
+            if isinstance(event, UserTranscriptionReceived) and self.speech_ended_at is not None:
+                return at - self.speech_ended_at, event.content
+        return None
 
 
 class Judge:
@@ -86,14 +104,25 @@ class Judge:
         await self.worker.drain()
         await self.batcher.close()
 
-    async def decide(self, clip: Clip, *, realtime: bool = True) -> Decision:
+    async def play(self, clip: Clip, *, agent_speaking: bool = True, realtime: bool = True) -> Played:
+        """``clip`` into a session of its own, as a caller's microphone (20 ms frames, at the pace of
+        real time unless ``realtime`` is false), with the agent speaking or not; what the session
+        published toward the agent, and when."""
         sid = new_session_id()
-        heard: list[Event] = []
+        played = Played(clip)
 
         async def to_agent(_: Envelope, event: Event) -> None:
-            heard.append(event)
+            played.events.append((time.monotonic(), event))
 
-        await self.transport.open_mailbox(sid, TIER_REASONING, IN, to_agent)
+        mailbox = await self.transport.open_mailbox(sid, TIER_REASONING, IN, to_agent)
+        try:
+            return await self._play(sid, clip, played, agent_speaking=agent_speaking, realtime=realtime)
+        finally:
+            await mailbox.cancel()
+
+    async def _play(
+        self, sid: str, clip: Clip, played: Played, *, agent_speaking: bool, realtime: bool
+    ) -> Played:
         await create_session(self.transport, self.store, SessionInfo(sid, {}), tier=TIER_SPEECH)
         async with asyncio.timeout(CLIP_TIMEOUT_S):
             while sid not in self.host.sessions:  # noqa: ASYNC110 - the worker takes the start
@@ -107,27 +136,38 @@ class Judge:
                 seq += 1
                 await self.transport.publish(Envelope.wrap(sid, event, seq=seq, source="edge"), IN)
 
-            await send(AgentPlayback(speaking=True))  # the edge says so as the agent's first chunk goes out
-            audio = clip.audio
+            # the edge says so as the agent's first chunk goes out
+            await send(AgentPlayback(speaking=agent_speaking))
+            audio, start = clip.audio, time.monotonic()
             for i, at in enumerate(range(0, len(audio), FRAME_BYTES)):
+                if realtime and i % FRAMES_PER_SLEEP == 0:
+                    await asyncio.sleep(max(0.0, start + at / 32_000 - time.monotonic()))
+                elif not realtime and i % FRAMES_PER_SLEEP == 0:
+                    await asyncio.sleep(0)
+                if at <= clip.end_ms * 32 < at + FRAME_BYTES:
+                    played.speech_ended_at = time.monotonic()
                 await send(AudioFrame(data=audio[at : at + FRAME_BYTES]))
-                if i % FRAMES_PER_SLEEP == FRAMES_PER_SLEEP - 1:
-                    await asyncio.sleep(FRAME_BYTES * FRAMES_PER_SLEEP / 32_000 if realtime else 0)
             windows = len(audio) // WINDOW_BYTES
             while session.policy.windows < windows or not session.idle:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             await self.broker.settle()
-            barge = next(
-                (e for e in session.policy.emissions if isinstance(e.event, UserStartedSpeaking)), None
-            )
+            played.emissions = list(session.policy.emissions)
+            played.behind = session.counters["stt_behind"]
             await send(EndCall(reason="clip over"))
             while sid in self.host.sessions:  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
-        said = next((e for e in heard if isinstance(e, UserBackchannel | UserStartedSpeaking)), None)
+        return played
+
+    async def decide(self, clip: Clip, *, realtime: bool = True) -> Decision:
+        played = await self.play(clip, realtime=realtime)
+        barge = next((e for e in played.emissions if isinstance(e.event, UserStartedSpeaking)), None)
+        said = next(
+            (e for _, e in played.events if isinstance(e, UserBackchannel | UserStartedSpeaking)), None
+        )
         transcript = said.content if isinstance(said, UserBackchannel) else said.transcript if said else None
         return Decision(
             clip,
-            interrupted=any(isinstance(e, UserStartedSpeaking) for e in heard),
+            interrupted=any(isinstance(e, UserStartedSpeaking) for _, e in played.events),
             transcript=transcript,
             delay_ms=None if barge is None else barge.at_ms - clip.event_ms,
         )

@@ -226,6 +226,11 @@ class CallTimeline:
     def note(self, who: str, message: str) -> None:
         self.entry("note", who, f"({message})", message=message)
 
+    def transcript(self, text: str, *, backchannel: bool = False) -> None:
+        """What speech-to-text heard the caller say (a backchannel did not cut the agent off)."""
+        line = f"  “{text}”" + (" (listening: not an interruption)" if backchannel else "")
+        self.entry("user_transcript", "user", line, text=text, backchannel=backchannel)
+
     def chunk(self, turn: int, seq: int, text: str) -> None:
         if self.json_lines:
             self.entry("agent_chunk", "agent", text, turn=turn, seq=seq, text=text)
@@ -377,12 +382,7 @@ class Call:
             self.answer_due = now
             self.tl.entry("user_stopped_speaking", "user", "▸ stops speaking")
         elif isinstance(frame, UserTranscript):
-            if frame.backchannel:
-                self.tl.entry(
-                    "user_transcript", "user", f"  (“{frame.text}”, not an interruption)", backchannel=True
-                )
-            else:
-                self.tl.entry("user_transcript", "user", f"  “{frame.text}”", text=frame.text)
+            self.tl.transcript(frame.text, backchannel=frame.backchannel)
         elif isinstance(frame, ErrorFrame):
             if frame.code in ErrorCode.FATAL:
                 self.fatal = f"{frame.code}: {frame.message}"

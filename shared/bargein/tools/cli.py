@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--concurrency", type=_positive, default=2, help="callers at a time (default 2)")
     dec.add_argument("--json", metavar="PATH", help="also write every clip's decision to PATH")
+    stt = bench_sub.add_parser(
+        "stt", help="speech-to-text: word error rate, latency after speech, real-time sessions per process"
+    )
+    stt.add_argument("--sessions", default="1,2,4,8", help="comma-separated caller counts to try")
+    stt.add_argument("--clips", type=_positive, default=24, help="turns per latency and load test")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -112,6 +117,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SettingsError(f"--sessions must be comma-separated whole numbers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise SettingsError(f"--sessions must be positive numbers, got {text!r}")
+    return counts
 
 
 def _positive(text: str) -> int:
@@ -175,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_decisions import decisions_main
 
             return decisions_main(args.concurrency, args.json)
+        if args.command == "bench" and args.bench == "stt":
+            from bargein.tools.bench_stt import stt_main
+
+            return stt_main(_counts(args.sessions), args.clips)
         if args.command == "bench" and args.bench == "sessions":
             from bargein.tools.bench_sessions import sessions_main
 

@@ -86,6 +86,7 @@ class Clip:
     voice: str
     audio: bytes  # 16 kHz mono PCM16
     event_ms: float  # where the caller's speech or noise starts in ``audio``
+    end_ms: float  # ... and where it ends
 
     @property
     def should_interrupt(self) -> bool:
@@ -128,10 +129,15 @@ def build(
         for n, ((kind, text), voice, rate) in enumerate(itertools.product(said, voices, rates)):
             speech = synthesize(text, work, f"c{n}", voice=voice, rate=rate).astype(np.float64)
             audio = to_pcm16(_place(speech, echo, rng)).tobytes()
-            clips.append(Clip(f"{kind}: {text} ({voice}, {rate} wpm)", kind, text, voice, audio, LEAD_MS))
+            end = LEAD_MS + len(speech) * 1000 / RATE
+            clips.append(
+                Clip(f"{kind}: {text} ({voice}, {rate} wpm)", kind, text, voice, audio, LEAD_MS, end)
+            )
         for (name, ms, smooth, decay), take in itertools.product(NOISES[:noises], range(len(voices))):
-            audio = to_pcm16(_place(_noise(name, ms, smooth, decay, rng), echo, rng)).tobytes()
-            clips.append(Clip(f"noise: {name} #{take + 1}", "noise", "", "", audio, LEAD_MS))
+            noise = _noise(name, ms, smooth, decay, rng)
+            audio = to_pcm16(_place(noise, echo, rng)).tobytes()
+            end = LEAD_MS + len(noise) * 1000 / RATE
+            clips.append(Clip(f"noise: {name} #{take + 1}", "noise", "", "", audio, LEAD_MS, end))
     return clips
 
 

@@ -14,8 +14,10 @@ agent's answer streaming, the barge-in with the time from the barge-in audio to 
 interrupt reaching the edge, and finally the history the model sees next (the interrupted answer
 cut to what was delivered).
 
-No speech-to-text runs here (the service's default), so a spoken turn reaches the agent as the
-turn events alone; the scripted LLM answers regardless.
+Speech-to-text runs as the speech service would run it (``BARGEIN_STT``; by default the bundled
+Whisper model when ``bargein[stt]`` is installed, as ``make install`` does): the caller's words are
+printed as they are heard and reach the agent's history, and a burst over the agent's answer is
+judged by its words before it cuts the answer off.
 """
 
 from __future__ import annotations
@@ -38,16 +40,20 @@ from bargein.agent.events import (
     AgentResponse,
     AudioFrame,
     Event,
+    UserBackchannel,
     UserStartedSpeaking,
     UserStoppedSpeaking,
+    UserTranscriptionReceived,
 )
+from bargein.agent.message import Source
 from bargein.agent.nodes import ReasoningNode
 from bargein.hosting.host import SessionHost
 from bargein.hosting.loader import load_agent
 from bargein.runtime.agents import Agent
-from bargein.settings import CoreSettings, LLMSettings, SpeechSettings, load
+from bargein.settings import CoreSettings, LLMSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.session import SpeechSessions
+from bargein.speech.transcriber import engine_name, transcriber_from_settings
 from bargein.speech.vad import shared_model
 from bargein.testing import LocalSession
 from bargein.tools.call import (
@@ -75,7 +81,7 @@ class _EdgeSession(LocalSession):
     """A :class:`LocalSession` that says when the edge moves its fence (the in-process ``clear``)."""
 
     def __init__(self, agent: Agent, *, on_interrupt: Callable[[int], None], session_id: str) -> None:
-        super().__init__(agent, session_id=session_id)
+        super().__init__(agent, session_id=session_id, report_playback=True)  # as the edge does
         self._on_interrupt = on_interrupt
 
     async def _on_output(self, envelope: Envelope, event: Event) -> None:
@@ -113,6 +119,10 @@ class _AudioDemo:
             self.tl.entry("user_started_speaking", "user", "▸ starts speaking")
         elif isinstance(event, UserStoppedSpeaking):
             self.tl.entry("user_stopped_speaking", "user", "▸ stops speaking")
+        elif isinstance(event, UserTranscriptionReceived) and envelope.source == Source.SPEECH:
+            self.tl.transcript(event.content)
+        elif isinstance(event, UserBackchannel):
+            self.tl.transcript(event.content, backchannel=True)
         else:
             return
         self.last_activity = time.monotonic()
@@ -198,12 +208,14 @@ async def run_audio_demo(
     batcher = VadBatcher(
         shared_model(), tick_ms=speech_settings.vad_tick_ms, max_batch=speech_settings.vad_max_batch
     )
+    stt = load(TranscriptionSettings)
+    transcriber = transcriber_from_settings(stt)
     async with _EdgeSession(agent, on_interrupt=demo.on_interrupt, session_id="demo-audio") as session:
         transport = MemoryTransport(session.broker)
         speech = SessionHost(
             transport,
             session.store,
-            SpeechSessions(speech_settings, batcher=batcher),
+            SpeechSessions(speech_settings, batcher=batcher, transcriber=transcriber),
             owner="local-speech",
             tier=TIER_SPEECH,
         )
@@ -215,7 +227,8 @@ async def run_audio_demo(
             tl.entry(
                 "session",
                 "system",
-                f"session {session.session_id} in process: speech detection (Silero VAD) → agent {spec}",
+                f"session {session.session_id} in process: speech detection (Silero VAD), "
+                f"speech-to-text: {engine_name(stt)} → agent {spec}",
                 session_id=session.session_id,
             )
             await demo.stream(transport, session.session_id, pcm)

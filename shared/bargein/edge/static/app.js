@@ -332,10 +332,27 @@
     if (userTurn) {
       const seconds = (performance.now() - userTurn.at) / 1000;
       userTurn.el.dataset.state = "done";
-      userTurn.el.textContent = `you spoke (${seconds.toFixed(1)} s)`;
+      userTurn.el.textContent = userTurn.words
+        ? `you: “${userTurn.words}”`
+        : `you spoke (${seconds.toFixed(1)} s)`; // no speech-to-text on the server
       userTurn = null;
     }
     cause = null; // that speech became a turn: it explains no later clear
+  }
+
+  // What speech-to-text heard: the words of the turn now ending (its user_stopped_speaking
+  // follows), or a backchannel ("uh-huh") that did not cut the agent off and starts no turn.
+  function onTranscript(frame) {
+    if (frame.backchannel) {
+      const el = entry("user-turn", `you: “${frame.text}” (listening, not an interruption)`);
+      el.dataset.kind = "backchannel";
+      el.dataset.state = "done";
+      return;
+    }
+    if (userTurn) {
+      userTurn.words = frame.text;
+      userTurn.el.textContent = `you: “${frame.text}”`;
+    }
   }
 
   function onFrame(raw) {
@@ -356,6 +373,8 @@
         return onUserStarted();
       case "user_stopped_speaking":
         return onUserStopped();
+      case "user_transcript":
+        return onTranscript(frame);
       case "error":
         return showError(frame.code || "error", frame.message || "");
       case "ended":
