@@ -8,6 +8,12 @@ left nothing behind for the next one to trip over.
 from __future__ import annotations
 
 import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import redis
 
@@ -82,3 +88,51 @@ async def test_sessions_bench_runs_and_reports(rabbitmq_url: str, redis_url: str
     assert "sessions created per second" in report
     for name in result["bytes"]:
         assert name in report
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bargein.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_the_barge_in_decision_bench_runs_and_reports(tmp_path: Path) -> None:
+    report = tmp_path / "decisions.json"
+    done = run_cli("bench", "bargein-decisions", "--voices", "en-us", "--rates", "170", "--phrases", "2",
+                   "--json", str(report))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "6 clips" in out and "real interruptions that interrupted" in out and "target ≥ 95%" in out
+    assert "backchannels and noises that did not" in out and "target ≥ 90%" in out
+    assert "decision after the caller began: p50" in out
+    data = json.loads(report.read_text())
+    assert len(data["clips"]) == 6 and {c["kind"] for c in data["clips"]} == {
+        "interruption",
+        "backchannel",
+        "noise",
+    }
+    assert 0 <= data["scores"]["recall"] <= 1
+
+
+def test_the_speech_to_text_bench_runs_and_reports() -> None:
+    done = run_cli("bench", "stt", "--voices", "en-us", "--rates", "170", "--phrases", "2", "--clips", "2",
+                   "--sessions", "1,2")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert re.search(r"word error rate \d+\.\d%", out), out
+    assert re.search(r"words after the end of speech: p50 \d+ ms, p95 \d+ ms", out), out
+    assert re.search(r"engine's own time per call: p50 \d+ ms", out), out
+    assert re.search(r"real-time sessions one speech process serves here: \d+", out), out
+
+
+def test_the_speech_benches_refuse_to_run_without_an_engine() -> None:
+    env = {**os.environ, "BARGEIN_STT": "none"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bargein.tools.cli", "bench", "stt", "--phrases", "1"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1 and "BARGEIN_STT" in done.stderr

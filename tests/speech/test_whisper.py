@@ -5,6 +5,7 @@ speech session puts the caller's words ahead of the end of their turn."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from bargein.agent.events import SAMPLE_RATE, UserTranscriptionReceived
 from bargein.errors import SettingsError
 from bargein.settings import TranscriptionSettings, load
-from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
+from bargein.speech.transcriber import NullTranscriber, Transcriber, engine_name, transcriber_from_settings
 from bargein.speech.whisper import WhisperTranscriber
 from bargein.tools.bench_stt import word_errors
 
@@ -76,6 +77,18 @@ async def test_a_transcription_past_its_time_out_is_given_up() -> None:
 
 
 def test_the_engine_is_chosen_by_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # auto, the default: the bundled Whisper where bargein[stt] is installed (it is, here) ...
+    assert isinstance(transcriber_from_settings(load(TranscriptionSettings)), WhisperTranscriber)
+    real_find_spec = importlib.util.find_spec
+    with monkeypatch.context() as m:  # ... and timing only where it is not
+        m.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name: None if name == "faster_whisper" else real_find_spec(name),
+        )
+        assert engine_name(load(TranscriptionSettings)) == "none"
+        assert isinstance(transcriber_from_settings(load(TranscriptionSettings)), NullTranscriber)
+    monkeypatch.setenv("BARGEIN_STT", "none")
     assert isinstance(transcriber_from_settings(load(TranscriptionSettings)), NullTranscriber)
     monkeypatch.setenv("BARGEIN_STT", "whisper")
     engine = transcriber_from_settings(load(TranscriptionSettings))

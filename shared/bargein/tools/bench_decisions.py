@@ -41,11 +41,11 @@ from bargein.hosting.worker import Worker
 from bargein.settings import SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.session import SpeechSession, SpeechSessions
-from bargein.speech.transcriber import Transcriber, transcriber_from_settings
+from bargein.speech.transcriber import Transcriber, engine_name, transcriber_from_settings
 from bargein.speech.turns import Emission
 from bargein.speech.vad import WINDOW_BYTES, shared_model
 from bargein.tools.benchkit import BenchError, percentile, run_main, say, verdict
-from bargein.tools.corpus import Clip, standard
+from bargein.tools.corpus import Clip, CorpusSize, sized
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
@@ -260,13 +260,13 @@ def report(decisions: Sequence[Decision], out: TextIO) -> Scores:
     return scores
 
 
-async def bench(out: TextIO, *, concurrency: int) -> list[Decision]:
+async def bench(out: TextIO, *, concurrency: int, corpus: CorpusSize | None = None) -> list[Decision]:
     settings = load(TranscriptionSettings)
-    if settings.stt == "none":
+    if engine_name(settings) == "none":
         raise BenchError("it judges barge-ins by words: set BARGEIN_STT (whisper, openai)")
     say(out, "bargein bench bargein-decisions: making the corpus (espeak-ng, sox) ...")
     try:
-        clips = standard()
+        clips = sized(*(corpus or CorpusSize()))
     except (OSError, RuntimeError) as exc:
         raise BenchError(f"cannot make the corpus: {exc}") from exc
     transcriber = transcriber_from_settings(settings)
@@ -290,11 +290,13 @@ def write_json(path: str, decisions: Sequence[Decision]) -> None:
     Path(path).write_text(json.dumps({"scores": score(decisions).__dict__, "clips": rows}, indent=2))
 
 
-def decisions_main(concurrency: int = 2, json_path: str | None = None) -> int:
+def decisions_main(
+    concurrency: int = 2, json_path: str | None = None, corpus: CorpusSize | None = None
+) -> int:
     results: list[Decision] = []
 
     async def go() -> None:
-        results.extend(await bench(sys.stdout, concurrency=concurrency))
+        results.extend(await bench(sys.stdout, concurrency=concurrency, corpus=corpus))
 
     code = run_main(go, "bargein-decisions")
     if json_path and results:

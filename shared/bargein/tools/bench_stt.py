@@ -29,7 +29,7 @@ from bargein.settings import SpeechSettings, TranscriptionSettings, load
 from bargein.speech.transcriber import Transcriber, engine_name, transcriber_from_settings
 from bargein.tools.bench_decisions import Judge, Played
 from bargein.tools.benchkit import BenchError, percentile, run_main, say
-from bargein.tools.corpus import Clip, standard
+from bargein.tools.corpus import Clip, CorpusSize, sized
 from bargein.tools.synth import RATE
 
 LATENCY_BOUND_S = 2.0  # words after the end of speech, p95, for a load to count as served
@@ -89,7 +89,9 @@ async def load_level(judge: Judge, clips: Sequence[Clip], callers: int, per_call
     return plays
 
 
-async def bench(out: TextIO, *, sessions: Sequence[int], clips_per_test: int) -> None:
+async def bench(
+    out: TextIO, *, sessions: Sequence[int], clips_per_test: int, corpus: CorpusSize | None = None
+) -> None:
     stt = load(TranscriptionSettings)
     engine_kind = engine_name(stt)
     if engine_kind == "none":
@@ -98,7 +100,7 @@ async def bench(out: TextIO, *, sessions: Sequence[int], clips_per_test: int) ->
         )
     say(out, f"bargein bench stt: engine {engine_kind}, {stt.stt_workers} at a time; making the corpus ...")
     try:
-        speech = [c for c in standard() if c.kind != "noise"]
+        speech = [c for c in sized(*(corpus or CorpusSize())) if c.kind != "noise"]
     except (OSError, RuntimeError) as exc:
         raise BenchError(f"cannot make the corpus: {exc}") from exc
     engine = Timed(transcriber_from_settings(stt))
@@ -147,8 +149,10 @@ async def bench(out: TextIO, *, sessions: Sequence[int], clips_per_test: int) ->
     )
 
 
-def stt_main(sessions: Sequence[int] = (1, 2, 4, 8), clips: int = 24) -> int:
+def stt_main(
+    sessions: Sequence[int] = (1, 2, 4, 8), clips: int = 24, corpus: CorpusSize | None = None
+) -> int:
     async def go() -> None:
-        await bench(sys.stdout, sessions=sessions, clips_per_test=clips)
+        await bench(sys.stdout, sessions=sessions, clips_per_test=clips, corpus=corpus)
 
     return run_main(go, "stt")

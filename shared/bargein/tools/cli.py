@@ -10,9 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bargein.errors import SettingsError
+
+if TYPE_CHECKING:
+    from bargein.tools.corpus import CorpusSize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,11 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--concurrency", type=_positive, default=2, help="callers at a time (default 2)")
     dec.add_argument("--json", metavar="PATH", help="also write every clip's decision to PATH")
+    _corpus_arguments(dec)
     stt = bench_sub.add_parser(
         "stt", help="speech-to-text: word error rate, latency after speech, real-time sessions per process"
     )
     stt.add_argument("--sessions", default="1,2,4,8", help="comma-separated caller counts to try")
     stt.add_argument("--clips", type=_positive, default=24, help="turns per latency and load test")
+    _corpus_arguments(stt)
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -119,13 +124,26 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--voices", help="comma-separated espeak-ng voices (default: all the corpus has)")
+    parser.add_argument("--rates", help="comma-separated speaking rates, words a minute (default: all)")
+    parser.add_argument("--phrases", type=_positive, help="the first N phrases and noises of each kind")
+
+
+def _corpus_size(args: argparse.Namespace) -> CorpusSize:
+    from bargein.tools.corpus import CorpusSize  # numpy and espeak-ng only for the benches that use them
+
+    voices = [v.strip() for v in args.voices.split(",") if v.strip()] if args.voices else None
+    return CorpusSize(voices, _counts(args.rates) if args.rates else None, args.phrases)
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SettingsError(f"--sessions must be comma-separated whole numbers, got {text!r}") from None
+        raise SettingsError(f"expected comma-separated whole numbers, got {text!r}") from None
     if not counts or min(counts) < 1:
-        raise SettingsError(f"--sessions must be positive numbers, got {text!r}")
+        raise SettingsError(f"expected positive numbers, got {text!r}")
     return counts
 
 
@@ -189,11 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "bargein-decisions":
             from bargein.tools.bench_decisions import decisions_main
 
-            return decisions_main(args.concurrency, args.json)
+            return decisions_main(args.concurrency, args.json, _corpus_size(args))
         if args.command == "bench" and args.bench == "stt":
             from bargein.tools.bench_stt import stt_main
 
-            return stt_main(_counts(args.sessions), args.clips)
+            return stt_main(_counts(args.sessions), args.clips, _corpus_size(args))
         if args.command == "bench" and args.bench == "sessions":
             from bargein.tools.bench_sessions import sessions_main
 

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -141,7 +141,31 @@ def build(
     return clips
 
 
+class CorpusSize(NamedTuple):
+    """Which part of the corpus a run uses (None: all of it)."""
+
+    voices: Sequence[str] | None = None
+    rates: Sequence[int] | None = None
+    phrases: int | None = None
+
+
 @functools.cache
 def standard() -> tuple[Clip, ...]:
     """The whole corpus, made once per process."""
     return tuple(build())
+
+
+def sized(
+    voices: Sequence[str] | None = None, rates: Sequence[int] | None = None, phrases: int | None = None
+) -> list[Clip]:
+    """The corpus, or a part of it: some voices, some rates, the first ``phrases`` of each kind."""
+    if voices is None and rates is None and phrases is None:
+        return list(standard())
+    n = phrases if phrases is not None else max(len(INTERRUPTIONS), len(BACKCHANNELS), len(NOISES))
+    return build(
+        voices=voices or VOICES,
+        rates=rates or RATES,
+        interruptions=INTERRUPTIONS[:n],
+        backchannels=BACKCHANNELS[:n],
+        noises=min(n, len(NOISES)),
+    )
