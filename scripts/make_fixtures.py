@@ -139,9 +139,10 @@ def main() -> int:
         for name, pieces in FIXTURES.items():
             samples, marks = assemble(pieces, Path(tmp), Path(name).stem, rng)
             write_wav(OUT / name, samples)
-            if name in PACKAGED:
+            if name in PACKAGED:  # with its marks and words beside it (bargein bench stt reads them)
                 PACKAGED[name].parent.mkdir(parents=True, exist_ok=True)
                 write_wav(PACKAGED[name], samples)
+                PACKAGED[name].with_suffix(".json").write_text(json.dumps(marks, indent=2) + "\n")
             files[name] = marks
             seconds = float(str(marks["duration_ms"])) / 1000
             print(f"{name}: {seconds:.2f} s, speech {marks['speech']}, noise {marks['noise']}")

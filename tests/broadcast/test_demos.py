@@ -36,6 +36,13 @@ def _check_question_then_barge_in(records: list[dict[str, Any]]) -> None:
     assert not [r for r in after if r["event"] == "agent_chunk" and r["turn"] <= cut]
     completed = [r["turn"] for r in records if r["event"] == "turn_complete"]
     assert completed and completed[-1] > cut  # the second turn was answered in full
+    # speech-to-text (the bundled Whisper, BARGEIN_STT=auto): the caller's words, before each turn's end
+    heard = [r for r in records if r["event"] == "user_transcript"]
+    assert [r["backchannel"] for r in heard] == [False, False], heard
+    assert "weather" in heard[0]["text"].lower() and "stop" in heard[1]["text"].lower()
+    for r in heard:
+        stop = next(s for s in records[records.index(r) :] if s["event"] == "user_stopped_speaking")
+        assert stop["t"] >= r["t"]
 
 
 def _slow_scripted_llm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,6 +64,8 @@ async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(assistant) == 2
     delivered = "".join(r["text"] for r in records if r["event"] == "agent_chunk" and r["turn"] == 1)
     assert assistant[0] == delivered and "twenty-two degrees" not in delivered
+    user = [r["content"] for r in history if r["role"] == "user"]  # the caller's words, not just turn events
+    assert len(user) == 2 and "weather" in user[0].lower()
 
 
 async def test_distributed_demo(rabbitmq_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

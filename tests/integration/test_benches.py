@@ -123,7 +123,7 @@ def test_the_speech_to_text_bench_runs_and_reports() -> None:
                    "--sessions", "1,2")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    assert re.search(r"word error rate \d+\.\d%", out), out
+    assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", out), out
     assert re.search(r"words after the end of speech: p50 \d+ ms, p95 \d+ ms", out), out
     assert re.search(r"engine's own time per call: p50 \d+ ms", out), out
     assert re.search(r"real-time sessions one speech process serves here: \d+", out), out
