@@ -507,3 +507,33 @@ async def test_the_caller_lets_the_agents_greeting_finish_before_its_first_text(
     events = [r["event"] for r in records]
     first_text = events.index("user_text")
     assert events.index("turn_complete") < first_text  # the greeting ended before the caller spoke
+
+
+def test_the_timeline_shows_what_the_agent_did_besides_speaking_and_what_the_caller_said() -> None:
+    from bargein.edge.protocol import DtmfFrame, LogMetricFrame, ToolCallFrame, ToolResultFrame, TransferFrame
+    from bargein.tools.call import CallTimeline
+
+    for json_lines in (True, False):
+        out = io.StringIO()
+        tl = CallTimeline(out, json_lines=json_lines)
+        tl.transcript("Book a table.")
+        tl.transcript("Uh-huh.", backchannel=True)
+        tl.action(ToolCallFrame(turn=1, seq=1, name="record_answer", arguments={"answer": "42"}, id="c1"))
+        tl.action(ToolResultFrame(turn=1, seq=2, name="record_answer", error="no such field"))
+        tl.action(LogMetricFrame(turn=1, seq=3, name="form_completed", value=1))
+        tl.action(DtmfFrame(turn=1, seq=4, button="5"))
+        tl.action(TransferFrame(turn=1, seq=5, target_phone_number="+14155550100"))
+        tl.close()
+        if json_lines:
+            records = [json.loads(line) for line in out.getvalue().splitlines()]
+            kinds = ["user_transcript", "user_transcript", "tool_call", "tool_result", "log_metric"]
+            assert [r["event"] for r in records] == [*kinds, "dtmf", "transfer"]
+            assert records[1]["backchannel"] is True and records[2]["arguments"] == {"answer": "42"}
+            assert (
+                records[3]["error"] == "no such field" and records[6]["target_phone_number"] == "+14155550100"
+            )
+        else:
+            text = out.getvalue()
+            assert "“Book a table.”" in text and "not an interruption" in text
+            assert 'calls record_answer({"answer": "42"})' in text and "failed: no such field" in text
+            assert "metric form_completed = 1" in text and "presses 5" in text and "+14155550100" in text

@@ -14,7 +14,13 @@ from bargein.agent.events import (
     AgentGenerationComplete,
     AgentPlayback,
     AgentResponse,
+    DTMFOutputEvent,
+    EndCall,
     InterruptPolicy,
+    LogMetric,
+    ToolCall,
+    ToolResult,
+    TransferCall,
     TurnInterrupted,
     UserBackchannel,
     UserStartedSpeaking,
@@ -226,5 +232,81 @@ async def test_what_speech_to_text_heard_is_shown_to_clients() -> None:
             {"type": "user_transcript", "text": "Book a table.", "backchannel": False},
             {"type": "user_transcript", "text": "Uh-huh.", "backchannel": True},
         ]
+    finally:
+        await edge.stop()
+
+
+async def test_what_the_agent_does_besides_speaking_reaches_clients_in_turn_order() -> None:
+    """Tool calls and results, metrics, key presses and a transfer: Line's harness outputs, as
+    frames that share the turn's seq with its chunks and are fenced like them."""
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)
+        connection = await edge.join("s8", sock, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s8", AgentResponse(content="One moment. "), turn=1, seq=0, epoch=1)
+        call = ToolCall(tool_name="record_answer", tool_args={"answer": "42"}, tool_call_id="c1")
+        await push(edge, "s8", call, turn=1, seq=1, epoch=1)
+        await push(
+            edge,
+            "s8",
+            ToolResult(tool_name="record_answer", result={"ok": True}, tool_call_id="c1"),
+            turn=1,
+            seq=2,
+            epoch=1,
+        )
+        await push(edge, "s8", LogMetric(name="form_completed", value=1), turn=1, seq=3, epoch=1)
+        await push(edge, "s8", DTMFOutputEvent(button="5"), turn=1, seq=4, epoch=1)
+        await push(edge, "s8", TurnInterrupted(turn=1), epoch=1)
+        await push(edge, "s8", LogMetric(name="late", value=2), turn=1, seq=5, epoch=1)  # fenced
+        kinds = [f["type"] for f in frames(connection)]
+        assert kinds == ["clear"]  # the cleared turn's queued frames went with it
+        sent: list[dict[str, Any]] = []
+        sock2 = FakeSocket(stuck=True)
+        second = await edge.join("s9", sock2, "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s9", call, turn=1, seq=0, epoch=1)
+        await push(edge, "s9", LogMetric(name="form_completed", value=1), turn=1, seq=1, epoch=1)
+        await push(edge, "s9", DTMFOutputEvent(button="#"), turn=1, seq=2, epoch=1)
+        sent = frames(second)
+        assert sent == [
+            {
+                "type": "tool_call",
+                "turn": 1,
+                "seq": 0,
+                "name": "record_answer",
+                "arguments": {"answer": "42"},
+                "id": "c1",
+            },
+            {"type": "log_metric", "turn": 1, "seq": 1, "name": "form_completed", "value": 1},
+            {"type": "dtmf", "turn": 1, "seq": 2, "button": "#"},
+        ]
+    finally:
+        await edge.stop()
+
+
+async def test_a_transfer_is_sent_to_the_caller_and_ends_the_session() -> None:
+    edge = await make_edge()
+    try:
+        told: list[Any] = []
+
+        async def reasoning(_: Envelope, event: Any) -> None:
+            told.append(event)
+
+        await edge.transport.open_mailbox("s10", TIER_REASONING, IN, reasoning)
+        sock = FakeSocket()
+        await edge.join("s10", sock, "caller", False)  # type: ignore[arg-type]
+        transfer = TransferCall(target_phone_number="+14155550100", reason="a human, please")
+        await push(edge, "s10", transfer, turn=2, seq=0, epoch=1)
+        await wait_for(lambda: sock.closed_with is not None)
+        assert sock.sent == [
+            {
+                "type": "transfer",
+                "turn": 2,
+                "seq": 0,
+                "target_phone_number": "+14155550100",
+                "reason": "a human, please",
+            },
+            {"type": "ended", "reason": "transferred"},
+        ]
+        await wait_for(lambda: any(isinstance(e, EndCall) for e in told))  # the owners let it go
     finally:
         await edge.stop()

@@ -28,12 +28,17 @@ from bargein.agent.events import (
     AgentPlayback,
     AgentResponse,
     AudioFrame,
+    DTMFOutputEvent,
     EndCall,
     Event,
     FalseInterruption,
     InterruptPolicy,
+    LogMetric,
     SessionError,
     SpeechDelivered,
+    ToolCall,
+    ToolResult,
+    TransferCall,
     TurnInterrupted,
     UserBackchannel,
     UserStartedSpeaking,
@@ -47,15 +52,20 @@ from bargein.edge.protocol import (
     AgentChunk,
     AnyServerFrame,
     Clear,
+    DtmfFrame,
     End,
     Ended,
     ErrorCode,
     ErrorFrame,
     Interrupt,
+    LogMetricFrame,
     Played,
     SpeakingStarted,
     SpeakingStopped,
     TextTurn,
+    ToolCallFrame,
+    ToolResultFrame,
+    TransferFrame,
     TurnComplete,
     UserTranscript,
     frame_json,
@@ -81,6 +91,27 @@ CLOSE_GOING_AWAY = 1001
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
 IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
 BACKLOG_INTERVAL_S = 0.5
+
+
+AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
+
+
+def action_frame(envelope: Envelope, event: Event) -> Frame:
+    """What the agent did besides speaking, as the frame clients get (Line's harness outputs)."""
+    at = {"turn": envelope.turn, "seq": envelope.seq}
+    if isinstance(event, ToolCall):
+        return ToolCallFrame(**at, name=event.tool_name, arguments=event.tool_args, id=event.tool_call_id)
+    if isinstance(event, ToolResult):
+        return ToolResultFrame(
+            **at, name=event.tool_name, result=event.result, error=event.error, id=event.tool_call_id
+        )
+    if isinstance(event, LogMetric):
+        return LogMetricFrame(**at, name=event.name, value=event.value)
+    if isinstance(event, DTMFOutputEvent):
+        return DtmfFrame(**at, button=event.button)
+    if isinstance(event, TransferCall):
+        return TransferFrame(**at, target_phone_number=event.target_phone_number, reason=event.reason)
+    raise TypeError(f"not an agent action: {type(event).__name__}")
 
 
 def _turn_of(frame: Frame) -> int:
@@ -435,6 +466,13 @@ class Edge:
                 session.tell_speech(session.playback.sent(envelope.turn, envelope.seq))
             else:
                 self.count("dropped_chunks")
+        elif isinstance(event, AGENT_ACTIONS):
+            if session.fence.admit(envelope):
+                session.broadcast(action_frame(envelope, event))
+                if isinstance(event, TransferCall):  # the line goes elsewhere: this call is over
+                    await self._end(session, "transferred")
+            else:
+                self.count("dropped_chunks")
         elif isinstance(event, AgentGenerationComplete):
             if session.fence.admit(envelope):
                 session.completed.add(envelope.turn)
@@ -468,7 +506,7 @@ class Edge:
         session.owner_epoch = envelope.epoch
         return True
 
-    async def _end(self, session: EdgeSession, reason: Literal["caller", "agent"]) -> None:
+    async def _end(self, session: EdgeSession, reason: Literal["caller", "agent", "transferred"]) -> None:
         """The call is over: tell every connection (after what is queued for it), close, tidy up."""
         if session.ended:
             return
@@ -481,7 +519,7 @@ class Edge:
                 while connection.outbox.frames and not connection.closed:  # noqa: ASYNC110 - short drain
                     await asyncio.sleep(0.01)
             await connection.close(1000)
-        if reason == "agent":  # the owners end their side when they hear it
+        if reason != "caller":  # the owners end their side when they hear it
             await self._publish(session.session_id, EndCall(reason="agent ended the call"))
         await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
         await self._forget(session.session_id)

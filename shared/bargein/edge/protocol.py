@@ -70,6 +70,56 @@ class TurnComplete(_Msg):
     turn: int
 
 
+class ToolCallFrame(_Msg):
+    """The agent called a tool (Line's ``tool_call`` output; a form filled in, a lookup)."""
+
+    type: Literal["tool_call"] = "tool_call"
+    turn: int
+    seq: int
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ToolResultFrame(_Msg):
+    type: Literal["tool_result"] = "tool_result"
+    turn: int
+    seq: int
+    name: str
+    result: Any = None
+    error: str | None = None
+    id: str | None = None
+
+
+class LogMetricFrame(_Msg):
+    """A metric the agent logged for this call (Line's ``log_metric``)."""
+
+    type: Literal["log_metric"] = "log_metric"
+    turn: int
+    seq: int
+    name: str
+    value: Any = None
+
+
+class DtmfFrame(_Msg):
+    """Play this key's tone to the line (the agent pressing a key, e.g. to work a phone menu)."""
+
+    type: Literal["dtmf"] = "dtmf"
+    turn: int
+    seq: int
+    button: str
+
+
+class TransferFrame(_Msg):
+    """Transfer the call to this number; the session then ends (``ended`` reason ``transferred``)."""
+
+    type: Literal["transfer"] = "transfer"
+    turn: int
+    seq: int
+    target_phone_number: str
+    reason: str = ""
+
+
 class SpeakingStarted(_Msg):
     type: Literal["user_started_speaking"] = "user_started_speaking"
 
@@ -96,13 +146,18 @@ class ErrorFrame(_Msg):
 
 class Ended(_Msg):
     type: Literal["ended"] = "ended"
-    reason: str  # "caller" or "agent" today; a client must take others it does not know yet
+    reason: str  # "caller", "agent" or "transferred" today; a client must take others it does not know yet
 
 
 AnyServerFrame = (
     AgentChunk
     | Clear
     | TurnComplete
+    | ToolCallFrame
+    | ToolResultFrame
+    | LogMetricFrame
+    | DtmfFrame
+    | TransferFrame
     | SpeakingStarted
     | SpeakingStopped
     | UserTranscript
@@ -113,7 +168,15 @@ ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 _SERVER: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 
 # frames that belong to a turn: purged from an outbox when that turn is cleared
-TURN_FRAMES = (AgentChunk, TurnComplete)
+TURN_FRAMES = (
+    AgentChunk,
+    TurnComplete,
+    ToolCallFrame,
+    ToolResultFrame,
+    LogMetricFrame,
+    DtmfFrame,
+    TransferFrame,
+)
 
 
 def frame_json(frame: _Msg) -> dict[str, Any]:

@@ -53,14 +53,19 @@ from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH
 from bargein.edge.protocol import (
     AgentChunk,
     Clear,
+    DtmfFrame,
     End,
     ErrorCode,
     ErrorFrame,
+    LogMetricFrame,
     ProtocolError,
     ServerFrame,
     SpeakingStarted,
     SpeakingStopped,
     TextTurn,
+    ToolCallFrame,
+    ToolResultFrame,
+    TransferFrame,
     TurnComplete,
     UserTranscript,
     frame_json,
@@ -231,6 +236,28 @@ class CallTimeline:
         line = f"  “{text}”" + (" (listening: not an interruption)" if backchannel else "")
         self.entry("user_transcript", "user", line, text=text, backchannel=backchannel)
 
+    def action(
+        self, frame: ToolCallFrame | ToolResultFrame | LogMetricFrame | DtmfFrame | TransferFrame
+    ) -> None:
+        """What the agent did besides speaking: a tool call or result, a metric, a key, a transfer."""
+        if isinstance(frame, ToolCallFrame):
+            line = f"⚙ calls {frame.name}({json.dumps(frame.arguments, ensure_ascii=False)})"
+        elif isinstance(frame, ToolResultFrame):
+            outcome = (
+                f"failed: {frame.error}" if frame.error else json.dumps(frame.result, ensure_ascii=False)
+            )
+            line = f"⚙ {frame.name} → {outcome}"
+        elif isinstance(frame, LogMetricFrame):
+            line = f"▪ metric {frame.name} = {json.dumps(frame.value, ensure_ascii=False)}"
+        elif isinstance(frame, DtmfFrame):
+            line = f"☎ presses {frame.button}"
+        else:
+            line = f"☎ transfers the call to {frame.target_phone_number}" + (
+                f" ({frame.reason})" if frame.reason else ""
+            )
+        fields = frame_json(frame)
+        self.entry(str(fields.pop("type")), "agent", line, **fields)
+
     def chunk(self, turn: int, seq: int, text: str) -> None:
         if self.json_lines:
             self.entry("agent_chunk", "agent", text, turn=turn, seq=seq, text=text)
@@ -383,6 +410,8 @@ class Call:
             self.tl.entry("user_stopped_speaking", "user", "▸ stops speaking")
         elif isinstance(frame, UserTranscript):
             self.tl.transcript(frame.text, backchannel=frame.backchannel)
+        elif isinstance(frame, ToolCallFrame | ToolResultFrame | LogMetricFrame | DtmfFrame | TransferFrame):
+            self.tl.action(frame)
         elif isinstance(frame, ErrorFrame):
             if frame.code in ErrorCode.FATAL:
                 self.fatal = f"{frame.code}: {frame.message}"

@@ -355,6 +355,13 @@
     }
   }
 
+  // What the agent did besides speaking (tools, metrics, keys, a transfer): shown, never spoken.
+  function onAction(frame, text) {
+    if (frame.turn <= fencedUpto) return;
+    const el = entry("action-entry", text);
+    el.dataset.type = frame.type;
+  }
+
   function onFrame(raw) {
     let frame;
     try {
@@ -375,6 +382,16 @@
         return onUserStopped();
       case "user_transcript":
         return onTranscript(frame);
+      case "tool_call":
+        return onAction(frame, `⚙ calls ${frame.name}(${JSON.stringify(frame.arguments || {})})`);
+      case "tool_result":
+        return onAction(frame, `⚙ ${frame.name} → ${frame.error ? "failed: " + frame.error : JSON.stringify(frame.result)}`);
+      case "log_metric":
+        return onAction(frame, `▪ metric ${frame.name} = ${JSON.stringify(frame.value)}`);
+      case "dtmf":
+        return onAction(frame, `☎ presses ${frame.button}`);
+      case "transfer":
+        return onAction(frame, `☎ transfers the call to ${frame.target_phone_number}`);
       case "error":
         return showError(frame.code || "error", frame.message || "");
       case "ended":
