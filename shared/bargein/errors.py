@@ -72,3 +72,9 @@ class TranscriberBehind(BargeinError):
     """A speech-to-text engine has more work waiting than it can do in time: asked now, it says so
     at once rather than queue. The speech session goes on by timing alone and tells the client
     (``stt_behind``)."""
+
+
+class SessionRejected(BargeinError):
+    """The agent declined this session when it started (Line's ``pre_call_handler`` returned None).
+    The session ends for every tier, the client is told (``ended``, reason ``rejected``), and no
+    other process retries it."""

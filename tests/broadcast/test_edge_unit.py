@@ -310,3 +310,17 @@ async def test_a_transfer_is_sent_to_the_caller_and_ends_the_session() -> None:
         await wait_for(lambda: any(isinstance(e, EndCall) for e in told))  # the owners let it go
     finally:
         await edge.stop()
+
+
+async def test_a_session_its_agent_rejects_before_the_caller_joins_tells_the_caller_when_it_joins() -> None:
+    edge = await make_edge()
+    try:
+        sid = await edge.create_session({}, {})
+        await push(edge, sid, EndCall(reason=EndCall.REJECTED), epoch=1)  # the pre-call handler said no
+        assert await edge.known(sid)
+        sock = FakeSocket()
+        await edge.join(sid, sock, "caller", False)  # type: ignore[arg-type]
+        await wait_for(lambda: sock.closed_with is not None)
+        assert sock.sent == [{"type": "ended", "reason": "rejected"}] and sock.closed_with == 1000
+    finally:
+        await edge.stop()

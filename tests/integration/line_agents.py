@@ -14,8 +14,28 @@ from collections.abc import AsyncIterator
 from pydantic import BaseModel
 
 from bargein.hosting.loader import load_agent
-from bargein.line import Bridge, CallRequest, ConversationContext, Node, ReasoningNode, VoiceAgentSystem
-from bargein.line.events import AgentResponse, UserStoppedSpeaking, UserTranscriptionReceived
+from bargein.line import (
+    Bridge,
+    CallRequest,
+    ConversationContext,
+    Node,
+    PreCallResult,
+    ReasoningNode,
+    VoiceAgentApp,
+    VoiceAgentSystem,
+)
+from bargein.line.events import (
+    AgentResponse,
+    DTMFOutputEvent,
+    Event,
+    LogMetric,
+    ToolCall,
+    ToolResult,
+    TransferCall,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
 from bargein.line.system import is_line_style
 
 
@@ -52,3 +72,66 @@ async def leads(system: VoiceAgentSystem, call_request: CallRequest) -> None:
     system.with_node(scout, scout_bridge)
     await system.start()
     await system.wait_for_shutdown()
+
+
+# --- a Line agent that acts besides speaking (form-filling's and personal_banking's shapes) --------
+
+
+class Desk(ReasoningNode):
+    """Records answers with a tool (a ``ToolCall``, its ``ToolResult`` and a ``LogMetric``, as
+    form-filling does), presses keys (``DTMFOutputEvent``) and transfers the call (``TransferCall``,
+    as personal_banking's handoff to a human does): "answer 42", "press 5", "transfer +1...".
+    Anything else is answered with what it was."""
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        said = context.get_latest_user_transcript_message() or ""
+        verb, _, rest = said.partition(" ")
+        if verb == "answer":
+            yield ToolCall(tool_name="record_answer", tool_args={"answer": rest}, tool_call_id="call-1")
+            yield LogMetric(name="answer", value=rest)
+            yield ToolResult(tool_name="record_answer", tool_args={"answer": rest}, result="recorded")
+            yield AgentResponse(content=f"Recorded {rest}.")
+        elif verb == "press":
+            yield DTMFOutputEvent(button=rest)
+            yield AgentResponse(content=f"Pressed {rest}.")
+        elif verb == "transfer":
+            yield AgentResponse(content="Transferring you now.")
+            yield TransferCall(target_phone_number=rest, reason="the caller asked for a person")
+        else:
+            yield AgentResponse(content=f"You said {said}.")
+
+
+async def desk(system: VoiceAgentSystem, call_request: CallRequest) -> None:
+    node = Desk(node_id="desk")
+    bridge = Bridge(node)
+    system.with_speaking_node(node, bridge=bridge)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    bridge.on(UserStoppedSpeaking).interrupt_on(
+        UserStartedSpeaking, handler=node.on_interrupt_generate
+    ).stream(node.generate).broadcast()
+    await system.start()
+    await system.wait_for_shutdown()
+
+
+# --- a pre-call handler (outbound_call_info's shape): it may reject a call or give it metadata ----
+
+
+async def screen(call_request: CallRequest) -> PreCallResult | None:
+    if call_request.to == "911":
+        return None  # not a number this agent calls
+    care = "extra" if call_request.to == "+15555555555" else "normal"
+    return PreCallResult(metadata={"care": care}, config={"tts": {"voice": "ignored-by-bargein"}})
+
+
+async def greet_by_metadata(system: VoiceAgentSystem, call_request: CallRequest) -> None:
+    node = Desk(node_id="outbound")
+    bridge = Bridge(node)
+    system.with_speaking_node(node, bridge=bridge)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+    await system.start()
+    await system.send_initial_message(f"Hello {call_request.to}, with {call_request.metadata['care']} care.")
+    await system.wait_for_shutdown()
+
+
+outbound = VoiceAgentApp(call_handler=greet_by_metadata, pre_call_handler=screen)

@@ -339,6 +339,11 @@ class AgentHandoff(Event, control=True):
 
 
 class EndCall(Event):
+    """The call is over: the caller hung up, or the agent ended it. ``reason`` is free text, except
+    :attr:`REJECTED`: the agent declined the session when it started (the edge tells clients so)."""
+
+    REJECTED: ClassVar[str] = "rejected"
+
     reason: str = ""
 
     @property

@@ -201,6 +201,14 @@ class Connection:
             log.debug("writer for session %s stopped: %s", self.session.session_id, exc)
             self.closed = True
 
+    async def close_when_sent(self, code: int = 1000, within_s: float = 2.0) -> None:
+        """Close once what is queued for this connection has gone out (or ``within_s`` has passed)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                while self.outbox.frames and not self.closed:  # noqa: ASYNC110 - a short drain
+                    await asyncio.sleep(0.01)
+        await self.close(code)
+
     async def close(self, code: int = 1000, last: Frame | None = None) -> None:
         if self.closed:
             return
@@ -236,6 +244,7 @@ class EdgeSession:
         self.reports: dict[int, int] = {}  # delivered since the last report, for the report loop
         self.heard = HeardLog()  # what every owner is told when it starts
         self.ended = False
+        self.end_reason: str | None = None
         self.idle_since: float | None = time.monotonic()
         self.playback = Playback()  # told to the speech tier as it changes, in order
         self.playback_lock = asyncio.Lock()
@@ -374,8 +383,9 @@ class Edge:
         await self._track(session_id)  # listen first: nothing the agent says first is missed
         options = {**agent_options, "turn_taking": turn_taking}
         info = SessionInfo(session_id, options, edge_reports_delivery=True)
-        await create_session(self.transport, self.store, info, tier=TIER_REASONING)
+        # the agent's tier last: by the time it can say anything (or decline the call) all exist
         await create_session(self.transport, self.store, info, tier=TIER_SPEECH)
+        await create_session(self.transport, self.store, info, tier=TIER_REASONING)
         self.count("sessions_created")
         log.info("session %s created", session_id)
         return session_id
@@ -401,6 +411,9 @@ class Edge:
         connection.start()
         session.attach(connection)
         self.count("connections")
+        if session.end_reason is not None:  # it ended before this caller joined (a rejected call)
+            connection.send(Ended(reason=session.end_reason))
+            self.spawn(connection.close_when_sent())
         return connection
 
     def leave(self, connection: Connection) -> None:
@@ -483,7 +496,10 @@ class Edge:
         elif isinstance(event, AgentError):
             session.broadcast(ErrorFrame(code=ErrorCode.AGENT_ERROR, message=event.message))
         elif isinstance(event, EndCall):
-            await self._end(session, "caller" if envelope.source in Source.CALLER_SIDE else "agent")
+            if envelope.source in Source.CALLER_SIDE:
+                await self._end(session, "caller")
+            else:
+                await self._end(session, "rejected" if event.reason == EndCall.REJECTED else "agent")
 
     async def _new_owner(self, session: EdgeSession, envelope: Envelope) -> bool:
         """A message says the session has a new owner (a higher epoch). Believe it only if the state
@@ -506,23 +522,27 @@ class Edge:
         session.owner_epoch = envelope.epoch
         return True
 
-    async def _end(self, session: EdgeSession, reason: Literal["caller", "agent", "transferred"]) -> None:
+    async def _end(
+        self, session: EdgeSession, reason: Literal["caller", "agent", "transferred", "rejected"]
+    ) -> None:
         """The call is over: tell every connection (after what is queued for it), close, tidy up."""
         if session.ended:
             return
         session.ended = True
+        session.end_reason = reason  # from now on a caller who joins is told at once (join)
+        had_callers = session.joined_once
         for connection in list(session.connections):
             connection.send(Ended(reason=reason))
         await asyncio.sleep(0)
         for connection in list(session.connections):
-            async with asyncio.timeout(2.0):
-                while connection.outbox.frames and not connection.closed:  # noqa: ASYNC110 - short drain
-                    await asyncio.sleep(0.01)
-            await connection.close(1000)
+            await connection.close_when_sent()
         if reason != "caller":  # the owners end their side when they hear it
             await self._publish(session.session_id, EndCall(reason="agent ended the call"))
         await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
-        await self._forget(session.session_id)
+        if had_callers:
+            await self._forget(session.session_id)
+        elif self.queue is not None:  # over before its caller joined: a late join is told so
+            await self.queue.remove_session(session.session_id)  # (then forgotten as idle)
         log.info("session %s ended (%s)", session.session_id, reason)
 
     # --- from clients ----------------------------------------------------------------------------

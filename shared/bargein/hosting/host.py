@@ -19,15 +19,18 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from bargein.errors import BargeinError
+from bargein.agent.events import EndCall
+from bargein.errors import BargeinError, SessionRejected
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
 from bargein.transport.abc import Heartbeat, Renewal, SessionProcessor, StateStore, Subscription, Transport
-from bargein.wire.names import IN, TIER_REASONING, Tier
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, OUT, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.hosting.host")
+REJECTED_STATE_S = 30.0  # a rejected session's epoch is kept this long, for the edge to check its EndCall
 
 
 class SessionTaken(BargeinError):
@@ -160,12 +163,31 @@ class SessionHost:
         try:
             await runtime.start()
             owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
-        except BaseException:
+        except BaseException as exc:
             self.sessions.pop(sid, None)
+            if isinstance(exc, SessionRejected):  # told while the lease vouches for its epoch
+                await self._reject(sid, epoch, exc)
             await runtime.close(checkpoint=False)
             await self.store.release_lease(self.tier, sid, self.owner, epoch)
+            if isinstance(exc, SessionRejected):  # out of the directory now: never adopted
+                await self.store.unregister_session(self.tier, sid)
+                await self.transport.delete_mailbox(sid, self.tier)
+                # the rest later: the edge checks the EndCall's epoch against the store
+                self._spawn(self._forget_later(sid))
             raise
         return runtime
+
+    async def _forget_later(self, session_id: str) -> None:
+        await asyncio.sleep(REJECTED_STATE_S)
+        with contextlib.suppress(Exception):  # a stray epoch key is all that is left if this fails
+            await self.store.delete_state(self.tier, session_id)
+
+    async def _reject(self, session_id: str, epoch: int, why: SessionRejected) -> None:
+        """The agent declined the session: end it for the caller (the edge ends the other tiers
+        when it hears this); the caller then forgets it, so that no worker adopts it again."""
+        log.info("session %s rejected by its agent (%s); ending it", session_id, why)
+        hangup = EndCall(reason=EndCall.REJECTED)
+        await self.transport.publish(Envelope.wrap(session_id, hangup, epoch=epoch, source=self.owner), OUT)
 
     async def _resubscribe(self, session_id: str, owned: _Owned) -> None:
         """Consume the session's mailbox again (declaring it again if it vanished)."""

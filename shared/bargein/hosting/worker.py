@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from bargein.errors import EnvelopeError
+from bargein.errors import EnvelopeError, SessionRejected
 from bargein.hosting.host import SessionHost, SessionTaken
 from bargein.hosting.load import LoopLag
 from bargein.transport.abc import Subscription
@@ -88,6 +88,8 @@ class Worker:
         except SessionTaken:
             log.info("session %s is already owned elsewhere", info.session_id)
             return True
+        except SessionRejected:  # the host ended it: nothing to retry
+            return True
         self.started += 1
         return True
 
@@ -102,8 +104,8 @@ class Worker:
                 continue
             try:
                 runtime = await self.host.open(SessionInfo.decode(raw))
-            except SessionTaken:
-                continue  # another worker was quicker
+            except (SessionTaken, SessionRejected):
+                continue  # another worker was quicker, or the agent declined it (and it is ended)
             except EnvelopeError as exc:
                 log.warning("dropping unreadable directory entry %s: %s", session_id, exc)
                 await self.host.store.unregister_session(self.host.tier, session_id)
@@ -129,7 +131,7 @@ class Worker:
                     continue
                 try:
                     await self.host.open(SessionInfo.decode(raw), replacing=dead)
-                except SessionTaken:  # another worker was quicker (or the session lives elsewhere)
+                except (SessionTaken, SessionRejected):  # another worker was quicker, or it ended
                     await store.note_owned(tier, dead, session_id, False)
                     continue
                 except EnvelopeError as exc:

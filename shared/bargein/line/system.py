@@ -22,7 +22,7 @@ from typing import Any
 
 from bargein.agent.nodes import Node
 from bargein.agent.routes import Bridge
-from bargein.errors import BargeinError
+from bargein.errors import BargeinError, SessionRejected
 from bargein.runtime.agents import Agent, AgentSession, Greeter
 from bargein.wire.session_info import SessionInfo
 
@@ -174,6 +174,8 @@ class LineAdapter:
         done, _ = await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
         started.cancel()
         if task in done and task.exception() is not None:
+            if isinstance(task.exception(), SessionRejected):
+                raise task.exception()  # type: ignore[misc]  # the call is declined, not broken
             raise BargeinError(f"handle_new_call failed before start(): {task.exception()!r}")
         if not system.bridges:
             task.cancel()

@@ -31,7 +31,7 @@ from bargein.agent.events import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
-from bargein.errors import BargeinError
+from bargein.errors import SessionRejected
 from bargein.line.call_request import PreCallResult
 from bargein.line.system import CallRequest, VoiceAgentSystem
 from bargein.runtime.agents import Agent
@@ -43,8 +43,8 @@ PreCallHandler = Callable[[CallRequest], Awaitable[PreCallResult | None]]
 __all__ = ["CallRejected", "CallRequest", "PreCallResult", "VoiceAgentApp"]
 
 
-class CallRejected(BargeinError):
-    """The pre-call handler returned None: this session gets no agent."""
+class CallRejected(SessionRejected):
+    """The pre-call handler returned None: this session gets no agent (the host ends it)."""
 
 
 class VoiceAgentApp:

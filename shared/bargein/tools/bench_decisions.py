@@ -273,7 +273,7 @@ async def bench(out: TextIO, *, concurrency: int, corpus: CorpusSize | None = No
     speech = load(SpeechSettings)
     say(
         out,
-        f"  {len(clips)} clips; engine {settings.stt}; interrupt_words {speech.interrupt_words}, "
+        f"  {len(clips)} clips; engine {engine_name(settings)}; interrupt_words {speech.interrupt_words}, "
         f"max_backchannel_ms {speech.max_backchannel_ms:.0f}; {concurrency} callers at a time, real time",
     )
     decisions = await decide_all(clips, transcriber, settings=speech, concurrency=concurrency, progress=out)
