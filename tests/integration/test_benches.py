@@ -126,7 +126,7 @@ def test_the_speech_to_text_bench_runs_and_reports() -> None:
     assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", out), out
     assert re.search(r"words after the end of speech: p50 \d+ ms, p95 \d+ ms", out), out
     assert re.search(r"engine's own time per call: p50 \d+ ms", out), out
-    assert re.search(r"real-time sessions one speech process serves here: \d+", out), out
+    assert re.search(r"real-time sessions one speech process serves here:( at least)? \d+", out), out
 
 
 def test_the_speech_benches_refuse_to_run_without_an_engine() -> None:

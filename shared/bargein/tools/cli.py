@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     stt = bench_sub.add_parser(
         "stt", help="speech-to-text: word error rate, latency after speech, real-time sessions per process"
     )
-    stt.add_argument("--sessions", default="1,2,4,8", help="comma-separated caller counts to try")
+    stt.add_argument("--sessions", default="1,2,4,8,16", help="comma-separated caller counts to try")
     stt.add_argument("--clips", type=_positive, default=24, help="turns per latency and load test")
     _corpus_arguments(stt)
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
