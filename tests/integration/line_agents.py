@@ -9,6 +9,7 @@ to the ``handle_new_call`` (or ``VoiceAgentApp``) that ``options["agent"]`` name
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
@@ -18,6 +19,7 @@ from bargein.line import (
     Bridge,
     CallRequest,
     ConversationContext,
+    Message,
     Node,
     PreCallResult,
     ReasoningNode,
@@ -26,6 +28,7 @@ from bargein.line import (
 )
 from bargein.line.events import (
     AgentResponse,
+    DTMFInputEvent,
     DTMFOutputEvent,
     Event,
     LogMetric,
@@ -135,3 +138,60 @@ async def greet_by_metadata(system: VoiceAgentSystem, call_request: CallRequest)
 
 
 outbound = VoiceAgentApp(call_handler=greet_by_metadata, pre_call_handler=screen)
+
+
+# --- keys, debounced (dtmf_storyteller's shape): a key press waits to see whether another follows --
+
+
+class KeysDone(BaseModel):
+    buttons: str
+
+
+class Keys(ReasoningNode):
+    """Tells a long story on "story"; answers the keys pressed once no other key followed for
+    ``debounce_s`` (the options' ``debounce_s``, 1.0 s by default, as in Line's example)."""
+
+    def __init__(self, debounce_s: float) -> None:
+        super().__init__(node_id="keys")
+        self.debounce_s = debounce_s
+        self.latest_key: str | None = None
+        self.buttons = ""
+
+    async def on_key(self, message: Message) -> KeysDone | None:
+        self.latest_key = message.id
+        self.buttons += message.event.button
+        await asyncio.sleep(self.debounce_s)
+        if self.latest_key != message.id:
+            return None  # a later key answers for both
+        done, self.buttons = KeysDone(buttons=self.buttons), ""
+        return done
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        keys = [e for e in context.events if isinstance(e, KeysDone)]
+        if keys and isinstance(context.events[-1], KeysDone):
+            yield AgentResponse(content=f"You pressed {keys[-1].buttons}.")
+            return
+        for i in range(200):  # a long story, a word every 50 ms
+            await asyncio.sleep(0.05)
+            yield AgentResponse(content=f"word{i} ")
+
+
+async def keys(system: VoiceAgentSystem, call_request: CallRequest) -> None:
+    node = Keys(float(call_request.options.get("debounce_s", 1.0)))
+    bridge = Bridge(node)
+    system.with_speaking_node(node, bridge=bridge)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    bridge.on(DTMFInputEvent).map(node.on_key).broadcast()
+    bridge.on(KeysDone).map(node.add_event)
+    bridge.on(KeysDone).interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate).stream(
+        node.generate
+    ).broadcast()
+    (
+        bridge.on(UserStoppedSpeaking)
+        .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
+        .interrupt_on(DTMFInputEvent, handler=node.on_interrupt_generate)
+        .stream(node.generate)
+        .broadcast()
+    )
+    await system.start()
+    await system.wait_for_shutdown()

@@ -8,10 +8,13 @@ reasoning process runs the Line dispatcher (``tests.integration.line_agents:by_o
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from tests.client import Frame, connect, create_session, recv, say, until
@@ -97,3 +100,42 @@ async def test_a_call_the_pre_call_handler_rejects_is_ended(stack: FaultStack) -
         ended = await until(ws, "ended", frames, T)
         assert ended["reason"] == "rejected", frames
         assert not [f for f in frames if f["type"] == "agent_chunk"]
+
+
+KEYS = {"agent": "tests.integration.line_agents:keys"}
+
+
+async def press(ws: ClientConnection, button: str) -> None:
+    await ws.send(json.dumps({"type": "dtmf", "button": button}))
+
+
+async def test_two_quick_key_presses_give_one_answer(stack: FaultStack) -> None:
+    session = await create_session(stack.url, agent_options={**KEYS, "debounce_s": 0.5})
+    async with connect(session) as ws:
+        frames: list[Frame] = []
+        await press(ws, "1")
+        await press(ws, "2")
+        done = await until(ws, "turn_complete", frames, T)
+        assert "".join(f["text"] for f in of_turn(frames, done["turn"]) if f["type"] == "agent_chunk") == (
+            "You pressed 12."
+        )
+        with pytest.raises(TimeoutError):  # and no second answer
+            await until(ws, "agent_chunk", frames, 1.5)
+
+
+async def test_a_key_being_debounced_holds_up_neither_a_barge_in_nor_the_next_turn(stack: FaultStack) -> None:
+    """Measured before the fix (in process): a barge-in waited 0.82 s behind a debouncing key, and
+    15 more chunks reached the caller. Here the debounce is 3 s: nothing may wait for it."""
+    session = await create_session(stack.url, agent_options={**KEYS, "debounce_s": 3.0})
+    async with connect(session) as ws:
+        frames: list[Frame] = []
+        await say(ws, "story")
+        story = await until(ws, "agent_chunk", frames, T)
+        pressed_at = time.monotonic()
+        await press(ws, "5")  # cuts the story off (interrupt_on DTMFInputEvent); its debounce sleeps 3 s
+        cut = await until(ws, "clear", frames, T)
+        assert cut["turn"] == story["turn"] and cut["_received"] - pressed_at < 2.0
+        asked_at = time.monotonic()
+        await say(ws, "story")  # while the key is still being debounced
+        again = await until(ws, "agent_chunk", frames, T)
+        assert again["turn"] > story["turn"] and again["_received"] - asked_at < 2.0

@@ -28,6 +28,7 @@ from bargein.agent.events import (
     AgentPlayback,
     AgentResponse,
     AudioFrame,
+    DTMFInputEvent,
     DTMFOutputEvent,
     EndCall,
     Event,
@@ -50,6 +51,7 @@ from bargein.edge.limits import ClientLimits
 from bargein.edge.protocol import (
     TURN_FRAMES,
     AgentChunk,
+    AnyClientMessage,
     AnyServerFrame,
     Clear,
     DtmfFrame,
@@ -58,6 +60,7 @@ from bargein.edge.protocol import (
     ErrorCode,
     ErrorFrame,
     Interrupt,
+    KeyPress,
     LogMetricFrame,
     Played,
     SpeakingStarted,
@@ -595,9 +598,7 @@ class Edge:
         )
         return ErrorFrame(code=ErrorCode.RATE_LIMITED, message=f"{what}; this was dropped, slow down")
 
-    async def client_message(
-        self, connection: Connection, message: TextTurn | Played | Interrupt | End
-    ) -> ErrorFrame | None:
+    async def client_message(self, connection: Connection, message: AnyClientMessage) -> ErrorFrame | None:
         """Returns an error frame for the client, or None."""
         session = connection.session
         sid = session.session_id
@@ -615,6 +616,8 @@ class Edge:
             await self._publish(sid, UserStartedSpeaking(), source=Source.STOP_BUTTON)
             if session.highest_turn not in session.completed:
                 session.clear(session.highest_turn, "the caller pressed stop")
+        elif isinstance(message, KeyPress):
+            await self._publish(sid, DTMFInputEvent(button=message.button))
         elif isinstance(message, End):
             await self._publish(sid, EndCall(reason="the caller hung up"))
             await self._end(session, "caller")

@@ -44,8 +44,16 @@ class End(_Msg):
     type: Literal["end"]
 
 
-ClientMessage = Annotated[TextTurn | Played | Interrupt | End, Field(discriminator="type")]
-_CLIENT: TypeAdapter[TextTurn | Played | Interrupt | End] = TypeAdapter(ClientMessage)
+class KeyPress(_Msg):
+    """The caller pressed a key of the phone keypad (a DTMF tone): ``DTMFInputEvent`` for the agent."""
+
+    type: Literal["dtmf"]
+    button: str = Field(pattern=r"^[0-9*#A-D]$")
+
+
+AnyClientMessage = TextTurn | Played | Interrupt | End | KeyPress
+ClientMessage = Annotated[AnyClientMessage, Field(discriminator="type")]
+_CLIENT: TypeAdapter[AnyClientMessage] = TypeAdapter(ClientMessage)
 
 
 # --- server → client ------------------------------------------------------------------------------
@@ -236,7 +244,7 @@ def _first_problem(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def parse(text: str) -> TextTurn | Played | Interrupt | End:
+def parse(text: str) -> AnyClientMessage:
     """A client's text frame; :class:`ProtocolError` with the client-facing code otherwise."""
     try:
         return _CLIENT.validate_python(_json_object(text))

@@ -15,7 +15,8 @@ turn at a time, each as a :class:`TurnRun` in a task of its own that an interrup
 a cut-off turn has unwound, the clause's handler runs, and only then the next turn. Before a turn
 starts it waits at a barrier until every other route that does not run as turns has finished the
 events dispatched before its trigger, so the turn sees their effects (the transcript that
-``map(node.add_event)`` puts in the history before ``UserStoppedSpeaking`` starts the answer).
+``map(node.add_event)`` puts in the history before ``UserStoppedSpeaking`` starts the answer); a
+concurrent (Line) route's run, until it first waits.
 Every other route runs each event through its pipeline in its own worker, in order: a slow
 ``.map()`` holds up nothing but its own route.
 
@@ -267,6 +268,7 @@ class RouteExecutor:
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._running: dict[asyncio.Task[None], Work] = {}  # a concurrent route's work under way
+        self._unstarted: set[asyncio.Task[None]] = set()  # ... of which not yet run to its first wait
 
     def start(self) -> None:
         self._worker = asyncio.create_task(self._work(), name=f"route:{self.host.session_id}:{self.key}")
@@ -288,8 +290,11 @@ class RouteExecutor:
 
     @property
     def oldest_index(self) -> int | None:
-        """The dispatch index of the oldest event this route has not finished with."""
-        unfinished = [w.index for w in self._running.values()]
+        """The dispatch index of the oldest event this route has not finished with: what a turn's
+        barrier waits for. A concurrent (Line) route's run counts until it has first waited: by then
+        what it does at once (``add_event``) is done, and what it waits for (a debounce's sleep)
+        holds up no turn, as on Line, where every route ran on its own."""
+        unfinished = [w.index for t, w in self._running.items() if t in self._unstarted]
         if self.current is not None:
             unfinished.append(self.current.index)
         elif self.queue:
@@ -418,11 +423,16 @@ class RouteExecutor:
                 self._run_inline(work), name=f"route:{self.host.session_id}:{self.key}"
             )
             self._running[task] = work
+            self._unstarted.add(task)
             task.add_done_callback(self._inline_done)
         else:
             await self._run_inline(work)
 
     async def _run_inline(self, work: Work) -> None:
+        task = asyncio.current_task()
+        if task in self._unstarted:  # a concurrent run: once it first waits, the barrier lets go
+            self._unstarted.discard(task)
+            asyncio.get_running_loop().call_soon(self.host.progressed)
         if await self._matches(work.message):
             run = TurnRun(self.host, work.message, self.route.bridge, index=work.index)
             await self.host.guard(run.run_inline(self._execute(work.message, run)), "route")
@@ -430,6 +440,7 @@ class RouteExecutor:
 
     def _inline_done(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)
+        self._unstarted.discard(task)
         self.host.progressed()
 
     async def _matches(self, message: Message) -> bool:
