@@ -78,3 +78,13 @@ class SessionRejected(BargeinError):
     """The agent declined this session when it started (Line's ``pre_call_handler`` returned None).
     The session ends for every tier, the client is told (``ended``, reason ``rejected``), and no
     other process retries it."""
+
+    end_reason = "rejected"
+
+
+class AgentFailedToStart(SessionRejected):
+    """Building the agent for this session raised (a bad option, a bug in ``handle_new_call``): the
+    session ends like a rejected one, the client is told why (an ``agent_error`` frame), and no
+    process retries it for ever."""
+
+    end_reason = "agent failed to start"

@@ -8,6 +8,7 @@ reasoning process runs the Line dispatcher (``tests.integration.line_agents:by_o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -139,3 +140,20 @@ async def test_a_key_being_debounced_holds_up_neither_a_barge_in_nor_the_next_tu
         await say(ws, "story")  # while the key is still being debounced
         again = await until(ws, "agent_chunk", frames, T)
         assert again["turn"] > story["turn"] and again["_received"] - asked_at < 2.0
+
+
+async def test_an_agent_that_cannot_start_ends_the_call_with_the_reason_instead_of_hanging(
+    stack: FaultStack,
+) -> None:
+    session = await create_session(
+        stack.url, agent_options={"agent": "tests.integration.line_agents:no_such"}
+    )
+    async with connect(session) as ws:
+        frames: list[Frame] = []
+        ended = await until(ws, "ended", frames, T)
+        (error,) = [f for f in frames if f["type"] == "error"]
+        assert error["code"] == "agent_error" and "could not start" in error["message"]
+        assert ended["reason"] == "agent"
+    await asyncio.sleep(1.0)  # and no worker keeps trying it
+    log = "\n".join(p.log() for p in stack.cluster.processes)
+    assert log.count("could not start") <= 2 and "looking for orphaned sessions failed" not in log

@@ -19,8 +19,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from bargein.agent.events import EndCall
-from bargein.errors import BargeinError, SessionRejected
+from bargein.agent.events import AgentError, EndCall
+from bargein.errors import AgentFailedToStart, BargeinError, SessionRejected
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
@@ -185,8 +185,13 @@ class SessionHost:
     async def _reject(self, session_id: str, epoch: int, why: SessionRejected) -> None:
         """The agent declined the session: end it for the caller (the edge ends the other tiers
         when it hears this); the caller then forgets it, so that no worker adopts it again."""
-        log.info("session %s rejected by its agent (%s); ending it", session_id, why)
-        hangup = EndCall(reason=EndCall.REJECTED)
+        if isinstance(why, AgentFailedToStart):
+            log.error("session %s: %s; ending it", session_id, why)
+            said = AgentError(message=str(why))
+            await self.transport.publish(Envelope.wrap(session_id, said, epoch=epoch, source=self.owner), OUT)
+        else:
+            log.info("session %s rejected by its agent (%s); ending it", session_id, why)
+        hangup = EndCall(reason=why.end_reason)
         await self.transport.publish(Envelope.wrap(session_id, hangup, epoch=epoch, source=self.owner), OUT)
 
     async def _resubscribe(self, session_id: str, owned: _Owned) -> None:

@@ -49,7 +49,7 @@ from bargein.agent.events import (
 from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
-from bargein.errors import NotOwner, StaleEpochError, UnroutableError
+from bargein.errors import AgentFailedToStart, NotOwner, SessionRejected, StaleEpochError, UnroutableError
 from bargein.runtime import snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
@@ -117,7 +117,12 @@ class SessionRuntime(SessionProcessor):
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.agent_session = await launch_agent(self.agent, self.session)
+        try:
+            self.agent_session = await launch_agent(self.agent, self.session)
+        except SessionRejected:
+            raise
+        except Exception as exc:  # the agent's own code: retrying it elsewhere would fail the same way
+            raise AgentFailedToStart(f"the agent could not start: {type(exc).__name__}: {exc}") from exc
         self._name_nodes()
         restored = await self._restore()
         for b, bridge in enumerate(self.bridges):
