@@ -11,7 +11,6 @@ enough to be talked over.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bargein.tools.benchkit import free_port
 from tests.integration.cluster import REPO, Cluster, cluster_env, reset_shared_queues
 
 __all__ = ["Stack", "stack"]
@@ -38,13 +38,6 @@ class Stack:
 
     def logs(self) -> str:
         return self.cluster.logs()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_ready(url: str, cluster: Cluster, timeout: float = READY_TIMEOUT_S) -> None:

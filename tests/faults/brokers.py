@@ -12,7 +12,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,14 +19,9 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from bargein.tools.benchkit import free_port
+
 START_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait(check: subprocess.Popen[bytes] | None, probe: list[str], timeout: float, what: str) -> None:

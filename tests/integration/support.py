@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bargein.agent.events import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
+from bargein.hosting.host import owner_pid
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.runtime import snapshot
 from bargein.testing.caller import Caller
@@ -23,12 +24,6 @@ from bargein.wire.session_info import SessionInfo
 from .agents import notes_key
 
 T = 15.0  # generous time-out for anything that should take well under a second
-
-
-def owner_pid(lease_value: bytes) -> int:
-    """The pid in a lease's ``<tier>-<host>-<pid>-<rand>:<epoch>`` value."""
-    owner = lease_value.decode().rsplit(":", 1)[0]
-    return int(owner.split("-")[-2])
 
 
 class Client:

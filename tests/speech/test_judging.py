@@ -10,6 +10,7 @@ import pytest
 
 from bargein import words_at_least
 from bargein.agent.events import (
+    AgentPlayback,
     FalseInterruption,
     UserBackchannel,
     UserStartedSpeaking,
@@ -20,6 +21,11 @@ from bargein.agent.message import Message
 from bargein.agent.words import content_words, spoken_words
 from bargein.errors import TurnTakingError
 from bargein.speech.turns import State, TurnConfig, TurnPolicy
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN
+
+from . import pcm
+from .test_processor import FixedTranscriber, Rig
 
 HI, LO = 0.9, 0.05
 W = 32.0
@@ -159,3 +165,47 @@ def test_words_at_least_is_a_condition_for_an_agents_own_routes() -> None:
     assert two(msg(UserStoppedSpeaking()))  # no words on it: unknown
     with pytest.raises(ValueError, match="n >= 0"):
         words_at_least(-1)
+
+
+def test_a_backchannel_that_cut_the_agent_off_by_timing_is_a_false_interruption_with_its_words() -> None:
+    """Judging off (interrupt_words 0): "uh-huh" cuts the agent off at 250 ms, as without words; its
+    words then show it was only listening: a FalseInterruption carrying them (the agent resumes),
+    not a turn."""
+    policy = TurnPolicy(TurnConfig(interrupt_words=0), judges=True)
+    policy.agent_speaking = True
+    feed(policy, [HI] * n(400))
+    feed(policy, [LO] * (n(500) - 1))  # the burst is about to end
+    assert policy.only_listening("Uh-huh.")
+    policy.note_listening("Uh-huh.")
+    (false,) = [e for p in [LO] * 5 for e in policy.feed(p)]
+    assert isinstance(false.event, FalseInterruption) and false.event.transcript == "Uh-huh."
+
+
+def test_words_after_a_cut_are_a_turn_and_so_is_a_yeah_that_answers_the_agent() -> None:
+    cut = TurnPolicy(TurnConfig(interrupt_words=0), judges=True)
+    cut.agent_speaking = True
+    feed(cut, [HI] * n(400) + [LO] * (n(500) - 1))
+    assert not cut.only_listening("Wait, no.")  # real words: a turn
+    answer = TurnPolicy(TurnConfig(), judges=True)  # the agent is silent: "yeah" answers it
+    feed(answer, [HI] * n(400) + [LO] * (n(500) - 1))
+    assert not answer.only_listening("Yeah.")
+    long = TurnPolicy(TurnConfig(interrupt_words=0), judges=True)
+    long.agent_speaking = True
+    feed(long, [HI] * n(1800) + [LO] * (n(500) - 1))  # longer than false_interruption_timeout_ms
+    assert not long.only_listening("Okay okay okay okay.")
+
+
+async def test_in_a_session_a_timed_cut_that_only_said_uh_huh_lets_the_agent_resume() -> None:
+    rig = Rig(transcriber=FixedTranscriber("Uh-huh."))
+    await rig.worker.start()
+    try:
+        session = await rig.open({"turn_taking": {"interrupt_words": 0}})  # timing decides the cut
+        playback = Envelope.wrap(session.sid, AgentPlayback(speaking=True), source="edge")
+        await rig.transport.publish(playback, IN)  # the edge: the agent is speaking
+        await session.stream(pcm("short_burst.wav"))
+        await session.expect(["UserStartedSpeaking", "FalseInterruption"])  # no transcript, no turn
+        false = session.to_agent[1][1]
+        assert isinstance(false, FalseInterruption) and false.transcript == "Uh-huh."
+        assert session.runtime.counters["backchannels_after_cut"] == 1
+    finally:
+        await rig.close()

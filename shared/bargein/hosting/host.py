@@ -41,6 +41,13 @@ def default_owner_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+def owner_pid(lease: bytes | str) -> int:
+    """The process id in an owner id, or in a lease's ``<owner>:<epoch>`` value (an owner id is
+    ``[<tier>-]<host>-<pid>-<random>``): the benches and tests find the process to kill by it."""
+    text = lease.decode() if isinstance(lease, bytes) else lease
+    return int(text.rsplit(":", 1)[0].split("-")[-2])
+
+
 @dataclass(frozen=True)
 class Ownership:
     """Everything a tier's session processor is given when its host takes a session."""

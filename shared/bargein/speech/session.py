@@ -315,9 +315,13 @@ class SpeechSession(SessionProcessor):
         if policy.state is State.HELD:
             self._emit(policy.judge_failed(policy.burst) if failed else policy.judged(text, policy.burst))
         if text and policy.state is State.SPEAKING:
-            self.counters["transcripts"] += 1
-            self._send(UserTranscriptionReceived(content=text), IN)
-            policy.note_transcript()
+            if policy.only_listening(text):  # "uh-huh" that cut the agent off by timing: resume it
+                policy.note_listening(text)
+                self.counters["backchannels_after_cut"] += 1
+            else:
+                self.counters["transcripts"] += 1
+                self._send(UserTranscriptionReceived(content=text), IN)
+                policy.note_transcript()
         self._busy = False
         if not self.closed:
             self._advance()

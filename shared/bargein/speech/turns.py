@@ -151,6 +151,7 @@ class TurnPolicy:
     _transcribed: bool = False
     burst: int = 0  # numbers the bursts, so a judgement that comes back late applies to its own
     _heard: str | None = None  # the latest words judged of a held burst
+    _cut_agent: bool = False  # this burst's UserStartedSpeaking came while the agent spoke
 
     @property
     def speaking(self) -> bool:
@@ -161,6 +162,23 @@ class TurnPolicy:
         """A transcript arrived for the current burst: when it ends it is a turn, never a false
         interruption."""
         self._transcribed = True
+
+    def only_listening(self, text: str | None) -> bool:
+        """Whether the burst, ending now with the words ``text``, cut the agent off for nothing:
+        it barged in while the agent spoke (by timing: no words were judged, or judging is off),
+        it was short, and said only backchannels. It then ends as a :class:`FalseInterruption`
+        carrying ``text`` (the agent may resume), and ``text`` is no turn of the caller's."""
+        speech_end = self._silence_start_ms if self._silence_start_ms is not None else self.at_ms
+        return (
+            self.state is State.SPEAKING
+            and self._cut_agent
+            and speech_end - self._burst_start_ms <= self.config.false_interruption_timeout_ms
+            and not content_words(text, self.config.backchannels)
+        )
+
+    def note_listening(self, text: str | None) -> None:
+        """The burst's words, when :meth:`only_listening`: its false interruption carries them."""
+        self._heard = text
 
     def _is_voiced(self, probability: float) -> bool:
         threshold = self.config.offset_threshold if self._voiced else self.config.speech_threshold
@@ -193,6 +211,7 @@ class TurnPolicy:
             self._silence_start_ms = None
             self._transcribed = False
             self._heard = None
+            self._cut_agent = False
             self.burst += 1
         if voiced:
             self._voiced_ms += self.window_ms
@@ -202,6 +221,7 @@ class TurnPolicy:
                     self.state = State.HELD
                 else:
                     self.state = State.SPEAKING
+                    self._cut_agent = self.agent_speaking
                     out.append(self._emit(UserStartedSpeaking(), end_ms))
             elif self.state is State.HELD and self._voiced_ms >= self.config.max_backchannel_ms:
                 out.append(self._barge(end_ms, self._heard))  # too long to be "uh-huh"
@@ -241,6 +261,7 @@ class TurnPolicy:
 
     def _barge(self, at_ms: float, transcript: str | None) -> Emission:
         self.state = State.SPEAKING
+        self._cut_agent = True
         return self._emit(UserStartedSpeaking(transcript=transcript), at_ms)
 
     def _end_burst(self, at_ms: float, speech_end_ms: float) -> list[Emission]:
@@ -262,7 +283,10 @@ class TurnPolicy:
             self.bursts.append(
                 Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "false_interruption")
             )
-            return [self._emit(FalseInterruption(duration_ms=duration), at_ms, speech_end_ms)]
+            heard = self._heard if self._cut_agent else None
+            return [
+                self._emit(FalseInterruption(duration_ms=duration, transcript=heard), at_ms, speech_end_ms)
+            ]
         self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "stopped"))
         return [self._emit(UserStoppedSpeaking(), at_ms, speech_end_ms)]
 

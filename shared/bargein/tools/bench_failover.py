@@ -30,6 +30,7 @@ from aio_pika.abc import AbstractRobustConnection
 from websockets.asyncio.client import ClientConnection
 
 from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.hosting.host import owner_pid
 from bargein.settings import BrokerSettings, load
 from bargein.tools.benchkit import (
     BenchError,
@@ -49,13 +50,6 @@ from bargein.wire.names import TIER_REASONING, lease_key
 CHUNKS_BEFORE_KILL = 4
 TARGET_MAX_S = 2.0
 T = 30.0
-
-
-def owner_pid(lease: bytes | str) -> int:
-    """The pid in a lease's owner id (``reasoning-<host>-<pid>-<random>:<epoch>``)."""
-    text = lease.decode() if isinstance(lease, bytes) else lease
-    owner = text.rsplit(":", 1)[0]
-    return int(owner.split("-")[-2])
 
 
 def damage(heard: str, expected: str) -> tuple[int, int]:
