@@ -209,3 +209,15 @@ async def test_in_a_session_a_timed_cut_that_only_said_uh_huh_lets_the_agent_res
         assert session.runtime.counters["backchannels_after_cut"] == 1
     finally:
         await rig.close()
+
+
+def test_a_yes_begun_over_the_agents_last_words_is_a_turn_once_the_agent_has_stopped() -> None:
+    policy = held()
+    feed(policy, [HI] * n(300))
+    assert policy.judged("Yes.", policy.burst) == []  # the agent still speaks: only listening, so far
+    policy.agent_speaking = False  # its question ended while the caller answered
+    (barge,) = policy.judged("Yes.", policy.burst, final=True)
+    assert isinstance(barge.event, UserStartedSpeaking) and barge.event.transcript == "Yes."
+    policy2 = held()
+    feed(policy2, [HI] * n(300))
+    assert policy2.judged("Yes.", policy2.burst, final=True) == []  # the agent goes on: a backchannel

@@ -313,7 +313,10 @@ class SpeechSession(SessionProcessor):
         policy = self.policy
         text, failed = await self._words(audio)
         if policy.state is State.HELD:
-            self._emit(policy.judge_failed(policy.burst) if failed else policy.judged(text, policy.burst))
+            verdict = (
+                policy.judge_failed(policy.burst) if failed else policy.judged(text, policy.burst, final=True)
+            )
+            self._emit(verdict)
         if text and policy.state is State.SPEAKING:
             if policy.only_listening(text):  # "uh-huh" that cut the agent off by timing: resume it
                 policy.note_listening(text)

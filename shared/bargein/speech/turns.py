@@ -241,13 +241,16 @@ class TurnPolicy:
         """The end of the last window fed."""
         return self.windows * self.window_ms
 
-    def judged(self, text: str | None, burst: int) -> list[Emission]:
-        """The words of held burst ``burst`` so far (or at its end). A barge-in once they hold
-        ``interrupt_words`` words besides backchannels; otherwise the burst stays held."""
+    def judged(self, text: str | None, burst: int, *, final: bool = False) -> list[Emission]:
+        """The words of held burst ``burst`` so far (``final``: of all of it, as it ends). A
+        barge-in once they hold ``interrupt_words`` words besides backchannels; otherwise the burst
+        stays held. At its end, if the agent has stopped speaking meanwhile, any words are the
+        caller's turn (a "yes" that answers the question the agent was finishing)."""
         if burst != self.burst or self.state is not State.HELD:
             return []  # a late answer about a burst already decided
         self._heard = text
-        if len(content_words(text, self.config.backchannels)) >= self.config.interrupt_words:
+        answers = final and not self.agent_speaking and bool(spoken_words(text))
+        if answers or len(content_words(text, self.config.backchannels)) >= self.config.interrupt_words:
             self._transcribed = True  # words, so a turn however short, never a false interruption
             return [self._barge(self.at_ms, text)]
         return []
