@@ -17,11 +17,11 @@ import wave
 
 import openai
 
-from bargein.errors import SettingsError, TranscriberBehind
+from bargein.errors import SettingsError
 from bargein.settings import TranscriptionSettings
+from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.openai")
-BACKLOG_PER_WORKER = 2  # requests waiting per allowed one beyond which the engine says it is behind
 
 
 def wav_bytes(audio: bytes, sample_rate: int) -> bytes:
@@ -50,12 +50,11 @@ class OpenAITranscriber:
         self.model = model
         self.language = language
         self.timeout_s = timeout_s
-        self.max_pending = workers * (1 + BACKLOG_PER_WORKER)
-        self.pending = 0
+        self.in_flight = InFlight(workers)
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0
         )
-        log.info("speech-to-text: %s at %s, up to %d requests at once", model, base_url, self.max_pending)
+        log.info("speech-to-text: %s at %s, up to %d requests at once", model, base_url, self.in_flight.limit)
 
     @classmethod
     def from_settings(cls, settings: TranscriptionSettings) -> OpenAITranscriber:
@@ -73,9 +72,7 @@ class OpenAITranscriber:
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
         if len(audio) < 2:
             return None
-        if self.pending >= self.max_pending:
-            raise TranscriberBehind(f"{self.pending} transcription requests already in flight")
-        self.pending += 1
+        self.in_flight.admit("transcription requests")
         try:
             result = await self._client.audio.transcriptions.create(
                 file=("turn.wav", wav_bytes(audio, sample_rate), "audio/wav"),
@@ -86,7 +83,7 @@ class OpenAITranscriber:
         except openai.APITimeoutError:
             raise TimeoutError(f"{self.base_url} did not answer in {self.timeout_s} s") from None
         finally:
-            self.pending -= 1
+            self.in_flight.done()
         text = (result.text or "").strip()
         return text or None
 

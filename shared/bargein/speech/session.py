@@ -292,9 +292,14 @@ class SpeechSession(SessionProcessor):
                 judged = len(self._turn_audio)
                 text, failed = await self._words(b"".join(self._turn_audio))
                 self.counters["judgements"] += 1
-                self._emit(policy.judge_failed(burst) if failed else policy.judged(text, burst))
+                self._judged(text, failed, burst)
         finally:
             self._judging = False
+
+    def _judged(self, text: str | None, failed: bool, burst: int, *, final: bool = False) -> None:
+        """Tell the policy what the engine made of held burst ``burst``, and publish its verdict."""
+        policy = self.policy
+        self._emit(policy.judge_failed(burst) if failed else policy.judged(text, burst, final=final))
 
     def _track_audio(self, before: State, after: State) -> None:
         """Keep the current burst's audio (plus a little pre-roll) for the transcriber."""
@@ -313,10 +318,7 @@ class SpeechSession(SessionProcessor):
         policy = self.policy
         text, failed = await self._words(audio)
         if policy.state is State.HELD:
-            verdict = (
-                policy.judge_failed(policy.burst) if failed else policy.judged(text, policy.burst, final=True)
-            )
-            self._emit(verdict)
+            self._judged(text, failed, policy.burst, final=True)
         if text and policy.state is State.SPEAKING:
             if policy.only_listening(text):  # "uh-huh" that cut the agent off by timing: resume it
                 policy.note_listening(text)

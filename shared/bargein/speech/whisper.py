@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from bargein.errors import SettingsError, TranscriberBehind
+from bargein.errors import SettingsError
 from bargein.settings import TranscriptionSettings
+from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.whisper")
 LANGUAGE = "en"  # the bundled model is English only
-BACKLOG_PER_WORKER = 2  # transcriptions waiting per worker beyond which the engine says it is behind
 
 
 def bundled_model() -> Path:
@@ -65,8 +65,7 @@ class WhisperTranscriber:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
         self.directory = directory
-        self.max_pending = workers * (1 + BACKLOG_PER_WORKER)
-        self.pending = 0  # submitted and not finished: running, or waiting for a worker
+        self.in_flight = InFlight(workers)
         log.info(
             "speech-to-text: Whisper from %s, %d at a time, %d threads each", directory, workers, threads
         )
@@ -86,21 +85,16 @@ class WhisperTranscriber:
         samples = np.frombuffer(audio[: len(audio) // 2 * 2], dtype=np.int16).astype(np.float32) / 32768
         if not samples.size:
             return None
-        if self.pending >= self.max_pending:
-            raise TranscriberBehind(f"{self.pending} transcriptions already running or waiting")
-        loop = asyncio.get_running_loop()
-        self.pending += 1
-        job = loop.run_in_executor(self.pool, self._words, samples)
-        job.add_done_callback(self._finished)
+        self.in_flight.admit("transcriptions running or waiting")
+        job = asyncio.get_running_loop().run_in_executor(self.pool, self._words, samples)
+        # counted when the thread is done, not when the caller gave up waiting
+        job.add_done_callback(self.in_flight.done)
         try:
             return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
         except TimeoutError:
             raise TimeoutError(
                 f"transcribing {samples.size / 16_000:.1f} s took over {self.timeout_s} s"
             ) from None
-
-    def _finished(self, _job: asyncio.Future[str | None]) -> None:
-        self.pending -= 1  # counted when the thread is done, not when the caller gave up waiting
 
     def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
         segments, _ = self.model.transcribe(

@@ -45,14 +45,14 @@ from bargein.speech.transcriber import Transcriber, engine_name, transcriber_fro
 from bargein.speech.turns import Emission
 from bargein.speech.vad import WINDOW_BYTES, shared_model
 from bargein.tools.benchkit import BenchError, percentile, run_main, say, verdict
+from bargein.tools.call import FRAME_MS, frames_of
 from bargein.tools.corpus import Clip, CorpusSize, sized
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
 from bargein.wire.session_info import SessionInfo
 
-FRAME_BYTES = 640  # 20 ms, what a client sends
-FRAMES_PER_SLEEP = 5  # paced in 100 ms steps
+FRAMES_PER_SLEEP = 5  # paced in 100 ms steps of 20 ms frames (what a client sends)
 RECALL_TARGET = 0.95
 REJECTION_TARGET = 0.90
 CLIP_TIMEOUT_S = 60.0
@@ -138,16 +138,15 @@ class Judge:
 
             # the edge says so as the agent's first chunk goes out
             await send(AgentPlayback(speaking=agent_speaking))
-            audio, start = clip.audio, time.monotonic()
-            for i, at in enumerate(range(0, len(audio), FRAME_BYTES)):
-                if realtime and i % FRAMES_PER_SLEEP == 0:
-                    await asyncio.sleep(max(0.0, start + at / 32_000 - time.monotonic()))
-                elif not realtime and i % FRAMES_PER_SLEEP == 0:
-                    await asyncio.sleep(0)
-                if at <= clip.end_ms * 32 < at + FRAME_BYTES:
+            start, end_frame = time.monotonic(), int(clip.end_ms // FRAME_MS)
+            for i, frame in enumerate(frames_of(clip.audio)):
+                if i % FRAMES_PER_SLEEP == 0:  # paced in steps (or only yielding, faster than real time)
+                    due = start + i * FRAME_MS / 1000
+                    await asyncio.sleep(max(0.0, due - time.monotonic()) if realtime else 0)
+                if i == end_frame:  # the frame holding the end of the caller's speech
                     played.speech_ended_at = time.monotonic()
-                await send(AudioFrame(data=audio[at : at + FRAME_BYTES]))
-            windows = len(audio) // WINDOW_BYTES
+                await send(AudioFrame(data=frame))
+            windows = len(clip.audio) // WINDOW_BYTES
             while session.policy.windows < windows or not session.idle:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             await self.broker.settle()
