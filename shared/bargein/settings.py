@@ -147,6 +147,11 @@ class SpeechSettings(_Base):
         default=DEFAULT_BACKCHANNELS,
         description="Words and phrases that never cut the agent off (comma-separated).",
     )
+    soft_pause_ms: float = Field(
+        default=64,
+        ge=0,
+        description="While the agent speaks, speech this long pauses its audio (0: no soft barge-in).",
+    )
     max_frame_bytes: int = Field(default=64_000, ge=2, description="Largest audio frame accepted (2 s).")
     vad_tick_ms: float = Field(default=8, gt=0, description="How often the batched VAD runs.")
     vad_max_batch: int = Field(default=256, ge=1, description="Sessions per inference call at most.")
@@ -180,6 +185,43 @@ class TranscriptionSettings(_Base):
     stt_openai_model: str = Field(default="whisper-1", description="openai: the model name the server knows.")
     stt_language: str = Field(
         default="en", description="openai: the language hint (empty: let the server detect)."
+    )
+
+
+class VoiceSettings(_Base):
+    """The agent's voice: speech synthesis in the client edge (one engine per process)."""
+
+    tts: Literal["espeak", "openai", "none"] = Field(
+        default="espeak",
+        description="Speech synthesis: espeak (embedded), openai (a server), none (text only).",
+    )
+    tts_voice: str | None = Field(
+        default=None,
+        description="The voice (espeak: en-us, en, fr, ...; openai: alloy, ...); a session may pick its own.",
+    )
+    tts_rate: int = Field(default=175, ge=80, le=450, description="espeak: words a minute.")
+    tts_base_url: str | None = Field(
+        default=None, description="openai: the server's API root, e.g. http://gpu-box:8000/v1."
+    )
+    tts_api_key: str = Field(
+        default="not-needed", description="openai: the API key, if the server wants one."
+    )
+    tts_openai_model: str = Field(default="tts-1", description="openai: the model name the server knows.")
+    tts_sample_rate: int = Field(
+        default=24_000, ge=8_000, le=48_000, description="openai: the rate of the server's raw PCM."
+    )
+    tts_workers: int = Field(default=4, ge=1, le=256, description="openai: requests at once, at most.")
+    tts_timeout_s: float = Field(
+        default=10.0, gt=0, description="openai: a phrase taking longer is given up."
+    )
+    audio_lead_ms: float = Field(
+        default=200,
+        ge=20,
+        le=5_000,
+        description="Audio sent ahead of real time (what a clear still lets play).",
+    )
+    soft_pause_max_s: float = Field(
+        default=3.0, gt=0, le=60, description="A soft pause no verdict ends by then resumes on its own."
     )
 
 
@@ -230,6 +272,7 @@ TURN_TAKING_FIELDS = (
     "interrupt_words",
     "max_backchannel_ms",
     "backchannels",
+    "soft_pause_ms",
 )
 TURN_TAKING_ALIASES = {"threshold": "speech_threshold"}
 
@@ -321,6 +364,7 @@ def all_variables() -> set[str]:
         BrokerSettings,
         SpeechSettings,
         TranscriptionSettings,
+        VoiceSettings,
         BroadcastSettings,
     ]
     return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}

@@ -115,6 +115,7 @@ async def voice_page(stack: Stack, tmp_path: Path) -> AsyncIterator[tuple[Any, l
 
 async def _start(page: Any, stack: Stack, *, speak: bool = True) -> None:
     await page.goto(stack.url + "/")
+    await page.wait_for_load_state("networkidle")  # /v1/info has filled the settings in
     if not speak:
         await page.uncheck("#speak")
     await page.click("#start")
@@ -197,6 +198,36 @@ async def test_microphone_question_answer_and_barge_in(
     )
     frames = int(await page.get_attribute("#mic-state", "data-frames-sent") or "0")
     assert frames > 50  # more than a second of microphone audio went out
+    # the agent's voice came from the server and played in the page, until the barge-in cut it
+    assert int(await page.get_attribute("#agent-audio", "data-played-ms") or "0") > 0
+    answered = await page.query_selector(".agent-turn[data-first-audio-ms]")
+    assert answered is not None and (await answered.get_attribute("data-first-audio-ms") or "").isdigit()
+    cut = await page.query_selector(".agent-turn[data-state='cut']")
+    assert cut is not None
+    heard = int(await cut.get_attribute("data-heard-chars") or "-1")
+    spoken = await cut.eval_on_selector(".agent-text", "el => el.textContent")
+    assert heard == len(spoken)  # the text the caller heard, and after it the cut
     await page.click("#end")
     await page.wait_for_selector('#status[data-state="ended"]', timeout=10_000)
+    assert await page.query_selector(".user-turn[data-state='speaking']") is None  # no stale "speaking…"
     assert problems == []
+
+
+async def test_the_page_joins_again_after_the_edge_restarts(
+    stack: Stack, text_page: tuple[Any, list[str]]
+) -> None:
+    """Last in the module: it restarts the stack's edge."""
+    page, problems = text_page
+    await _start(page, stack, speak=False)
+    assert await page.get_attribute("#stop", "disabled") is not None  # nothing to stop yet
+    (edge,) = [p for p in stack.cluster.processes if p.name.startswith("broadcast") and p.alive()]
+    edge.terminate()  # the edge tells its clients `shutting_down` (1001) and goes
+    await page.wait_for_selector('#status[data-state="reconnecting"]', timeout=10_000)
+    stack.cluster.start("services.broadcast", "edge ready")
+    await page.wait_for_selector('#status[data-state="live"]', timeout=30_000)
+    await page.fill("#text-input", "Are you still there?")
+    await page.click("#send")
+    await page.wait_for_selector('.agent-turn[data-state="complete"]', timeout=ANSWER_TIMEOUT_MS)
+    await page.click("#end")
+    await page.wait_for_selector('#status[data-state="ended"]', timeout=10_000)
+    assert [p for p in problems if "WebSocket" not in p] == []  # the dropped socket is logged, nothing else

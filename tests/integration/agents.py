@@ -75,6 +75,7 @@ class ProbeNode(ReasoningNode):
             ev.content for ev in context.events if isinstance(ev, UserTranscriptionReceived)
         ).split()
         words += [f"tail{i}" for i in range(int(self._options.get("tail", 0)))]
+        words += str(self._options.get("say", "")).split()  # words of its own (to be spoken, say)
         delay = float(self._options.get("word_delay", 0.02))
         try:
             for i, word in enumerate(words):

@@ -51,6 +51,8 @@ __all__ = [
     "TransferCall",
     "TurnInterrupted",
     "UserBackchannel",
+    "UserOnsetDismissed",
+    "UserSpeechOnset",
     "UserStartedSpeaking",
     "UserStoppedSpeaking",
     "UserTranscriptionReceived",
@@ -183,6 +185,20 @@ class UserBackchannel(Event):
     to it."""
 
     content: str
+
+
+class UserSpeechOnset(Event, control=True):
+    """Speech detection heard the first of a burst (``soft_pause_ms``) while the agent's voice was
+    reaching the caller: the client edge pauses that voice at once (the soft barge-in). What the
+    burst turns out to be follows: :class:`UserStartedSpeaking` (a barge-in: the audio is cleared),
+    or :class:`UserOnsetDismissed` / :class:`UserBackchannel` (the audio resumes where it paused)."""
+
+
+class UserOnsetDismissed(Event):
+    """The burst that paused the agent (:class:`UserSpeechOnset`) ended without cutting it off: too
+    short, no words (``outcome`` ``noise``). A backchannel ends as :class:`UserBackchannel`."""
+
+    outcome: str = "noise"
 
 
 class AgentPlayback(Event):
@@ -386,19 +402,26 @@ class InterruptPolicy(Event, control=True):
 
 class SpeechDelivered(Event):
     """Published by the client edge: chunks ``seq <= seq`` of ``turn`` reached (or were played by) the
-    caller. The owner cuts an interrupted assistant message to exactly these chunks."""
+    caller; with ``chars``, of chunk ``seq`` only its first ``chars`` characters (the agent's voice
+    was played to the end of a word inside it). The owner cuts an interrupted assistant message to
+    exactly this. ``final``: the caller will hear no more of the turn (its audio was cleared by a
+    barge-in), so even an answer its agent had finished is cut to this."""
 
     turn: int
     seq: int
+    chars: int | None = None
+    final: bool = False
 
 
 class HeardTurn(BaseModel):
-    """One turn of a :class:`HeardRecord`: the caller got chunks up to ``seq``, whose text is ``text``."""
+    """One turn of a :class:`HeardRecord`: the caller got chunks up to ``seq`` (of the last, ``chars``
+    characters, if given), whose text is ``text``."""
 
     model_config = ConfigDict(extra="forbid")
 
     turn: int
     seq: int
+    chars: int | None = None
     text: str
 
 

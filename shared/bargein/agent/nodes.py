@@ -127,6 +127,8 @@ class ReasoningNode(Node):
         self._llm_client = llm_client
         self._interrupted: dict[int, _InterruptedTurn] = {}
         self._resumable: _InterruptedTurn | None = None  # the last cut-off answer, until a new turn
+        # the last finished answer: its voice may still be playing when the caller barges in
+        self._finished: tuple[int, _InterruptedTurn] | None = None
         self._clears = 0  # how often clear_context ran (an answer in progress notices)
 
     @property
@@ -162,13 +164,18 @@ class ReasoningNode(Node):
         cleared, self.conversation_events = self.conversation_events, []
         self._clears += 1  # an answer being generated keeps only what it produces from now on
         self._interrupted.clear()
-        self._resumable = None
+        self._resumable = self._finished = None
         return cleared
 
-    def amend_interrupted_turn(self, turn: int, delivered_text: str) -> bool:
+    def amend_interrupted_turn(self, turn: int, delivered_text: str, *, final: bool = False) -> bool:
         """A delivery report for an interrupted turn came after the cancel: correct the history.
-        Returns whether anything changed."""
+        ``final``: the caller will hear no more of ``turn``; if it is the answer this node finished
+        last (the agent's voice was still playing it when the caller barged in), it is cut as an
+        interrupted one is, and may be resumed. Returns whether anything changed."""
         record = self._interrupted.get(turn)
+        if record is None and final and self._finished is not None and self._finished[0] == turn:
+            record = self._interrupted[turn] = self._resumable = self._finished[1]
+            self._finished = None
         if record is None:
             return False
         cut = _cut(record.produced, record.heard_before + delivered_text)
@@ -271,7 +278,14 @@ class ReasoningNode(Node):
             raise
         if self._clears != clears:
             produced, start, length = [], len(self.conversation_events), 0
-        self.conversation_events[start : start + length] = produced or [AgentResponse(content="")]
+        whole = produced or [AgentResponse(content="")]
+        self.conversation_events[start : start + length] = whole
+        run = current_run()
+        if run is not None and run.turn is not None:
+            self._finished = (
+                run.turn,
+                _InterruptedTurn(produced, start, len(whole), list(context_events), heard),
+            )
         yield AgentGenerationComplete()
 
     def _record_interrupted(

@@ -22,7 +22,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bargein import tracing
 from bargein.edge.core import Connection, Edge
-from bargein.edge.protocol import ErrorCode, ErrorFrame, ProtocolError, SessionRequest, frame_json, parse
+from bargein.edge.protocol import (
+    AUDIO_FORMATS,
+    ErrorCode,
+    ErrorFrame,
+    ProtocolError,
+    SessionRequest,
+    frame_json,
+    parse,
+)
 from bargein.edge.tokens import ROLES, Role, TokenError, Tokens
 from bargein.errors import BrokerUnavailable
 from bargein.settings import DEFAULT_MAX_BODY_BYTES
@@ -31,6 +39,7 @@ from bargein.wire.envelope import SESSION_ID_PATTERN
 log = logging.getLogger("bargein.edge.http")
 
 STATIC = Path(__file__).resolve().parent / "static"
+CLOSE_BAD_REQUEST = 4400
 CLOSE_BAD_TOKEN = 4401
 CLOSE_UNKNOWN_SESSION = 4404
 CLOSE_TRY_AGAIN = 1013
@@ -65,6 +74,7 @@ def create_app(
     public_url: str | None = None,
     ready: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    about: dict[str, Any] | None = None,
 ) -> Starlette:
     async def create_session(request: Request) -> Response:
         raw = await _read_body(request, max_body_bytes)
@@ -85,7 +95,7 @@ def create_app(
                 status_code=503,
                 headers={"Retry-After": "1"},
             )
-        session_id = await edge.create_session(body.agent_options, body.turn_taking)
+        session_id = await edge.create_session(body.agent_options, body.turn_taking, body.voice)
         base = public_url or str(request.base_url).rstrip("/")
         ws_base = base.replace("https://", "wss://").replace("http://", "ws://")
         return JSONResponse(
@@ -125,7 +135,15 @@ def create_app(
             edge.count("bad_tokens")
             await _refuse(ws, ErrorFrame(code=ErrorCode.INVALID_TOKEN, message=str(exc)), CLOSE_BAD_TOKEN)
             return
-        connection = await edge.join(session_id, ws, role, ws.query_params.get("reports") == "played")
+        audio = ws.query_params.get("audio", "none")
+        if audio != "none" and audio not in AUDIO_FORMATS:
+            edge.count("bad_audio_formats")
+            formats = ", ".join(("none", *AUDIO_FORMATS))
+            bad = ErrorFrame(code=ErrorCode.BAD_AUDIO_FORMAT, message=f"audio must be one of {formats}")
+            await _refuse(ws, bad, CLOSE_BAD_REQUEST)
+            return
+        reports = ws.query_params.get("reports") == "played"
+        connection = await edge.join(session_id, ws, role, reports, None if audio == "none" else audio)
         try:
             while True:
                 incoming = await ws.receive()
@@ -160,6 +178,10 @@ def create_app(
             return ErrorFrame(code=ErrorCode.UNAVAILABLE, message=f"{exc}; say it again shortly")
         return None
 
+    async def info(request: Request) -> Response:
+        """What a client may offer its user: the agent's voices, whether replies are scripted."""
+        return JSONResponse(about or {})
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -178,6 +200,7 @@ def create_app(
     routes = [
         Route("/", index),
         Route("/healthz", healthz),
+        Route("/v1/info", info),
         Route("/readyz", readyz),
         Route("/v1/sessions", create_session, methods=["POST"]),
         WebSocketRoute("/v1/sessions/{session_id}/ws", session_socket),

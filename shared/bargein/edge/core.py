@@ -7,6 +7,11 @@ it into frames for that session's connections. Nothing of an interrupted turn pa
 
 Each connection has a bounded :class:`Outbox` drained by its own writer task, so one slow client
 can only fill its own outbox; when that overflows the client is told ``slow_client`` and cut off.
+
+A session with a connection that joined with ``audio=pcm16`` also has a
+:class:`~bargein.voice.speaker.Voice` (when the process has a speech engine, ``BARGEIN_TTS``): the
+agent's text is spoken, the audio paced to those connections by one ticker for the whole process
+(:meth:`Edge._voice_loop`), and what the caller heard is then what was played, to the word.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.websockets import WebSocket
@@ -42,6 +48,8 @@ from bargein.agent.events import (
     TransferCall,
     TurnInterrupted,
     UserBackchannel,
+    UserOnsetDismissed,
+    UserSpeechOnset,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -53,6 +61,8 @@ from bargein.edge.protocol import (
     AgentChunk,
     AnyClientMessage,
     AnyServerFrame,
+    AudioFormat,
+    AudioMark,
     Clear,
     DtmfFrame,
     End,
@@ -62,7 +72,9 @@ from bargein.edge.protocol import (
     Interrupt,
     KeyPress,
     LogMetricFrame,
+    Pause,
     Played,
+    Resume,
     SpeakingStarted,
     SpeakingStopped,
     TextTurn,
@@ -77,18 +89,31 @@ from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.load import LoopLag
 from bargein.hosting.sessions import create_session, forget_session
-from bargein.settings import BroadcastSettings
+from bargein.settings import BroadcastSettings, VoiceSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
+from bargein.voice import player
+from bargein.voice.engines import Synthesizer
+from bargein.voice.player import FRAME_MS
+from bargein.voice.speaker import Voice
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
-from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, VOICE_OPTION
 from bargein.wire.playback import Playback
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.edge")
 
-Frame = AnyServerFrame
+
+@dataclass(frozen=True)
+class AudioOut:
+    """The agent's audio for one connection: a binary frame (PCM16 at 16 kHz) of ``turn``."""
+
+    turn: int
+    pcm: bytes
+
+
+Frame = AnyServerFrame | AudioOut
 CLOSE_SLOW = 1013
 CLOSE_GOING_AWAY = 1001
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
@@ -119,7 +144,7 @@ def action_frame(envelope: Envelope, event: Event) -> Frame:
 
 def _turn_of(frame: Frame) -> int:
     """The turn a frame belongs to (0: none; session-level frames are never purged)."""
-    return frame.turn if isinstance(frame, TURN_FRAMES) else 0
+    return frame.turn if isinstance(frame, (*TURN_FRAMES, AudioOut)) else 0
 
 
 class Outbox:
@@ -164,16 +189,29 @@ class Connection:
         reports_played: bool,
         limit: int,
         limits: ClientLimits,
+        audio: str | None = None,
     ) -> None:
         self.ws = ws
         self.session = session
         self.role = role
         self.reports_played = reports_played
+        self.audio = audio  # the format it asked for (``pcm16``), or None: text only
         self.outbox = Outbox(limit)
         self.limits = limits
         self.closed = False
         self.told_unavailable = False  # one `unavailable` frame per outage for dropped audio
         self.writer: asyncio.Task[None] | None = None
+
+    @property
+    def counts_as_sent(self) -> bool:
+        """A caller's text that was sent counts as heard: it reports nothing and hears no audio."""
+        return self.role == "caller" and not self.reports_played and self.audio is None
+
+    @property
+    def clock_counts(self) -> bool:
+        """A caller hearing the agent's audio who does not report playback: the server's clock
+        says what it heard."""
+        return self.role == "caller" and not self.reports_played and self.audio is not None
 
     def start(self) -> None:
         self.writer = asyncio.create_task(self._write(), name=f"ws-writer:{self.session.session_id}")
@@ -197,8 +235,11 @@ class Connection:
         try:
             while True:
                 frame = await self.outbox.get()
+                if isinstance(frame, AudioOut):
+                    await self.ws.send_bytes(frame.pcm)
+                    continue
                 await self.ws.send_json(frame_json(frame))
-                if isinstance(frame, AgentChunk) and self.role == "caller" and not self.reports_played:
+                if isinstance(frame, AgentChunk) and self.counts_as_sent:
                     self.session.delivered(frame.turn, frame.seq)
         except Exception as exc:  # the socket went away; the endpoint's receive loop notices too
             log.debug("writer for session %s stopped: %s", self.session.session_id, exc)
@@ -212,13 +253,13 @@ class Connection:
                     await asyncio.sleep(0.01)
         await self.close(code)
 
-    async def close(self, code: int = 1000, last: Frame | None = None) -> None:
+    async def close(self, code: int = 1000, last: AnyServerFrame | None = None) -> None:
         if self.closed:
             return
         self.closed = True
         await self._shut(code, last)
 
-    async def _shut(self, code: int, last: Frame | None) -> None:
+    async def _shut(self, code: int, last: AnyServerFrame | None) -> None:
         if self.writer is not None:
             self.writer.cancel()
         if last is not None:
@@ -251,6 +292,11 @@ class EdgeSession:
         self.idle_since: float | None = time.monotonic()
         self.playback = Playback()  # told to the speech tier as it changes, in order
         self.playback_lock = asyncio.Lock()
+        self.finals: set[int] = set()  # turns cut off since the last report: the caller hears no more
+        self.voice: Voice | None = None  # the agent's voice, once a connection wants audio
+        self.paused_since: float | None = None  # a soft barge-in holds the voice since then
+        self._audio_turn = 0  # the turn whose audio went out last
+        self._last_seq: dict[int, int] = {}  # per recent turn, the last chunk sent
 
     def broadcast(self, frame: Frame) -> None:
         self.history.append(frame)
@@ -291,15 +337,102 @@ class EdgeSession:
         self.history = collections.deque(
             (f for f in self.history if not 0 < _turn_of(f) <= turn), maxlen=HISTORY_FRAMES
         )
+        if self.voice is not None:  # what the caller heard up to now, and no more of it
+            self.voice_outputs(self.voice.clear(turn, time.monotonic()))
+            self.paused_since = None
+        self.finals.add(turn)
         self.tell_speech(self.playback.cleared(turn))
         log.info(
             "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
         )
 
-    def delivered(self, turn: int, seq: int) -> None:
-        if self.heard.heard(turn, seq):
+    @property
+    def agent_audible(self) -> bool:
+        """The agent's voice is still playing to the caller (its text may have ended long ago)."""
+        return self.voice is not None and self.voice.player.playing
+
+    def cuttable(self) -> int:
+        """The turn a barge-in now cuts off: one still streaming, or one whose audio still plays."""
+        if self.highest_turn not in self.completed or self.agent_audible:
+            return self.highest_turn
+        return 0
+
+    def delivered(self, turn: int, seq: int, chars: int | None = None) -> None:
+        if self.heard.heard(turn, seq, chars):
             self.reports[turn] = seq
         self.tell_speech(self.playback.heard(turn, seq))
+
+    # --- the agent's voice -----------------------------------------------------------------------
+
+    def speak(self, turn: int, seq: int, text: str) -> None:
+        """A chunk went out as text: the voice speaks it (or, without one, it reaches the caller now)."""
+        self._last_seq[turn] = seq
+        if len(self._last_seq) > HISTORY_FRAMES:
+            self._last_seq.pop(min(self._last_seq))
+        if self.voice is not None:
+            self.voice.text(turn, seq, text)
+        else:
+            self.tell_speech(self.playback.sent(turn, seq))
+
+    def spoken(self, turn: int) -> None:
+        """The agent finished ``turn``'s text."""
+        if self.voice is not None:
+            self.voice.complete(turn)
+        else:
+            self.tell_speech(self.playback.complete(turn))
+
+    def voice_outputs(self, outputs: list[player.Output]) -> None:
+        """Send what the voice's player produced: audio and marks to the connections that hear the
+        agent; what the clock says was heard, for the callers that do not report it themselves."""
+        listeners = [c for c in self.connections if c.audio is not None]
+        for out in outputs:
+            if isinstance(out, player.Audio):
+                if out.turn != self._audio_turn:
+                    self._audio_turn = out.turn
+                self.tell_speech(self.playback.sent(out.turn, self._last_seq.get(out.turn, 0)))
+                for connection in listeners:
+                    connection.send(AudioOut(out.turn, out.pcm))
+            elif isinstance(out, player.Mark):
+                mark = AudioMark(turn=out.turn, mark=out.mark, seq=out.seq, chars=out.chars, word=out.word)
+                for connection in listeners:
+                    connection.send(mark)
+            elif isinstance(out, player.Heard):
+                if any(c.clock_counts for c in listeners):
+                    self.delivered(out.turn, out.seq, out.chars)
+            elif isinstance(out, player.Done):
+                self.tell_speech(self.playback.played_out(out.turn))
+
+    def played_mark(self, turn: int, mark: int) -> None:
+        """A client that reports playback has played audio mark ``mark`` of ``turn``."""
+        position = self.voice.player.mark_position(turn, mark) if self.voice is not None else None
+        if position is None:
+            self.edge.count("unknown_marks")
+            return
+        self.delivered(turn, *position)
+
+    def soft_pause(self, now: float) -> None:
+        """The caller may be starting to speak: silence the agent now, and wait for the verdict."""
+        if self.voice is None or self.paused_since is not None or not self.voice.player.playing:
+            return
+        self.voice_outputs(self.voice.pause(now))
+        self.paused_since = now
+        self.edge.count("soft_pauses")
+        for connection in self.connections:
+            if connection.audio is not None:
+                connection.outbox.put_first(Pause(turn=self._audio_turn))
+        log.info("session %s: the caller may be speaking; the agent's voice is paused", self.session_id)
+
+    def soft_resume(self, now: float, why: str) -> None:
+        """It was not a barge-in: the agent's voice goes on where it paused."""
+        if self.voice is None or self.paused_since is None:
+            return
+        self.voice.resume(now)
+        self.paused_since = None
+        self.edge.count("soft_resumes")
+        for connection in self.connections:
+            if connection.audio is not None:
+                connection.outbox.put_first(Resume(turn=self._audio_turn))
+        log.info("session %s: the agent's voice resumes (%s)", self.session_id, why)
 
     def tell_speech(self, speaking: bool | None) -> None:
         """The agent started or stopped reaching the caller: tell the session's speech owner
@@ -307,9 +440,16 @@ class EdgeSession:
         if speaking is not None:
             self.edge.spawn(self.edge.playback(self, speaking))
 
-    def take_reports(self) -> dict[int, int]:
-        reports, self.reports = self.reports, {}
-        return reports
+    def take_reports(self) -> list[SpeechDelivered]:
+        """What the caller got of each turn since the last time: the owner is told."""
+        turns = sorted(set(self.reports) | self.finals)
+        final, self.reports, self.finals = self.finals, {}, set()
+        out = []
+        for turn in turns:
+            position = self.heard.position(turn)
+            seq, chars = position if position is not None else (-1, None)
+            out.append(SpeechDelivered(turn=turn, seq=seq, chars=chars, final=turn in final))
+        return out
 
 
 class Edge:
@@ -322,10 +462,14 @@ class Edge:
         owner: str,
         max_frame_bytes: int,
         overload_lag_ms: float = 500.0,
+        synthesizer: Synthesizer | None = None,
+        voice_settings: VoiceSettings | None = None,
     ) -> None:
         self.transport = transport
         self.store = store
         self.settings = settings
+        self.synthesizer = synthesizer  # None: text only (BARGEIN_TTS=none)
+        self.voice_settings = voice_settings or VoiceSettings()
         self.owner = owner
         self.max_frame_bytes = max_frame_bytes
         self.load = LoopLag(overload_lag_ms, name=f"edge {owner}")
@@ -363,6 +507,8 @@ class Edge:
             asyncio.create_task(self._housekeeping(), name="edge-housekeeping"),
             asyncio.create_task(self._backlog_loop(), name="edge-backlog"),
         ]
+        if self.synthesizer is not None:
+            self._tasks.append(asyncio.create_task(self._voice_loop(), name="edge-voice"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -381,10 +527,14 @@ class Edge:
 
     # --- sessions --------------------------------------------------------------------------------
 
-    async def create_session(self, agent_options: dict[str, Any], turn_taking: dict[str, Any]) -> str:
+    async def create_session(
+        self, agent_options: dict[str, Any], turn_taking: dict[str, Any], voice: str | None = None
+    ) -> str:
         session_id = new_session_id()
         await self._track(session_id)  # listen first: nothing the agent says first is missed
         options = {**agent_options, "turn_taking": turn_taking}
+        if voice is not None:
+            options[VOICE_OPTION] = voice
         info = SessionInfo(session_id, options, edge_reports_delivery=True)
         # the agent's tier last: by the time it can say anything (or decline the call) all exist
         await create_session(self.transport, self.store, info, tier=TIER_SPEECH)
@@ -407,17 +557,47 @@ class Edge:
             or await self.store.session_info(TIER_REASONING, session_id) is not None
         )
 
-    async def join(self, session_id: str, ws: WebSocket, role: Role, reports_played: bool) -> Connection:
+    async def join(
+        self, session_id: str, ws: WebSocket, role: Role, reports_played: bool, audio: str | None = None
+    ) -> Connection:
         session = await self._track(session_id)
         limits = ClientLimits(self.settings, self.max_frame_bytes)
-        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer, limits)
+        hears = audio if self.synthesizer is not None else None
+        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer, limits, hears)
         connection.start()
+        if audio is not None and hears is None:
+            connection.send(
+                ErrorFrame(
+                    code=ErrorCode.NO_AUDIO, message="this edge speaks no audio (BARGEIN_TTS=none): text only"
+                )
+            )
+        elif hears is not None:
+            connection.send(AudioFormat(frame_ms=FRAME_MS))
+            if session.voice is None:
+                session.voice = await self._voice_for(session)
         session.attach(connection)
         self.count("connections")
         if session.end_reason is not None:  # it ended before this caller joined (a rejected call)
             connection.send(Ended(reason=session.end_reason))
             self.spawn(connection.close_when_sent())
         return connection
+
+    async def _voice_for(self, session: EdgeSession) -> Voice:
+        """The session's voice: the one it was created with (``voice`` at ``POST /v1/sessions``), or
+        the process's."""
+        assert self.synthesizer is not None
+        name = None
+        with contextlib.suppress(Exception):  # the store is away: the process's voice will do
+            raw = await self.store.session_info(TIER_REASONING, session.session_id)
+            chosen = SessionInfo.decode(raw).options.get(VOICE_OPTION) if raw is not None else None
+            name = chosen if isinstance(chosen, str) else None
+        return Voice(
+            self.synthesizer,
+            voice=name,
+            lead_ms=self.voice_settings.audio_lead_ms,
+            count=self.count,
+            name=session.session_id,
+        )
 
     def leave(self, connection: Connection) -> None:
         connection.session.detach(connection)
@@ -426,6 +606,8 @@ class Edge:
 
     async def _forget(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
+        if session is not None and session.voice is not None:
+            await session.voice.aclose()
         if session is not None and self.queue is not None:
             await self.queue.remove_session(session_id)
 
@@ -458,28 +640,33 @@ class Edge:
                 )
         elif isinstance(event, TurnInterrupted):
             session.clear(event.turn, "the agent's turn was interrupted")
+        elif isinstance(event, UserSpeechOnset):
+            session.soft_pause(time.monotonic())
+        elif isinstance(event, UserOnsetDismissed):
+            session.soft_resume(time.monotonic(), f"the burst was {event.outcome}")
         elif isinstance(event, UserStartedSpeaking):
             if envelope.source != Source.STOP_BUTTON:  # the stop button is not the caller speaking
                 session.broadcast(SpeakingStarted())
-            if (
-                UserStartedSpeaking.type_name() in session.policy
-                and session.highest_turn not in session.completed
-            ):
-                session.clear(session.highest_turn, "the caller started speaking")
+            cut = session.cuttable()
+            if UserStartedSpeaking.type_name() in session.policy and cut:
+                session.clear(cut, "the caller started speaking")
         elif isinstance(event, UserStoppedSpeaking):
             session.broadcast(SpeakingStopped())
+            session.soft_resume(time.monotonic(), "the caller's turn did not cut the agent off")
         elif isinstance(event, FalseInterruption):  # the burst ended without being a turn
             session.broadcast(SpeakingStopped(false_interruption=True))
+            session.soft_resume(time.monotonic(), "a false interruption")
         elif isinstance(event, UserTranscriptionReceived) and envelope.source == Source.SPEECH:
             session.broadcast(UserTranscript(text=event.content))  # a text turn's client has its text
         elif isinstance(event, UserBackchannel):
             session.broadcast(UserTranscript(text=event.content, backchannel=True))
+            session.soft_resume(time.monotonic(), "a backchannel")
         elif isinstance(event, AgentResponse):
             if session.fence.admit(envelope):
                 session.highest_turn = max(session.highest_turn, envelope.turn)
                 session.heard.sent(envelope.turn, envelope.seq, event.content)
                 session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
-                session.tell_speech(session.playback.sent(envelope.turn, envelope.seq))
+                session.speak(envelope.turn, envelope.seq, event.content)
             else:
                 self.count("dropped_chunks")
         elif isinstance(event, AGENT_ACTIONS):
@@ -493,7 +680,7 @@ class Edge:
             if session.fence.admit(envelope):
                 session.completed.add(envelope.turn)
                 session.broadcast(TurnComplete(turn=envelope.turn))
-                session.tell_speech(session.playback.complete(envelope.turn))
+                session.spoken(envelope.turn)
         elif isinstance(event, SessionError):
             session.broadcast(ErrorFrame(code=event.code, message=event.message))
         elif isinstance(event, AgentError):
@@ -609,13 +796,16 @@ class Edge:
             await self._publish(sid, UserTranscriptionReceived(content=message.text))
             await self._publish(sid, UserStoppedSpeaking())
         elif isinstance(message, Played):
-            if connection.reports_played:
+            if connection.reports_played and message.seq is not None:
                 session.delivered(message.turn, message.seq)
+            elif connection.reports_played and message.mark is not None:
+                session.played_mark(message.turn, message.mark)
         elif isinstance(message, Interrupt):
             # told to the agent as a barge-in, which every interruptible route listens for
             await self._publish(sid, UserStartedSpeaking(), source=Source.STOP_BUTTON)
-            if session.highest_turn not in session.completed:
-                session.clear(session.highest_turn, "the caller pressed stop")
+            cut = session.cuttable()
+            if cut:
+                session.clear(cut, "the caller pressed stop")
         elif isinstance(message, KeyPress):
             await self._publish(sid, DTMFInputEvent(button=message.button))
         elif isinstance(message, End):
@@ -631,9 +821,23 @@ class Edge:
         while True:
             await asyncio.sleep(interval)
             for session in list(self.sessions.values()):
-                for turn, seq in session.take_reports().items():
+                for report in session.take_reports():
                     with contextlib.suppress(Exception):
-                        await self._publish(session.session_id, SpeechDelivered(turn=turn, seq=seq))
+                        await self._publish(session.session_id, report)
+
+    async def _voice_loop(self) -> None:
+        """Every frame, for every session that is heard: the audio due, the marks, what was heard;
+        and a soft pause that no verdict ended in time resumes (the speech tier may have gone)."""
+        longest = self.voice_settings.soft_pause_max_s
+        while True:
+            await asyncio.sleep(FRAME_MS / 1000)
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if session.voice is None:
+                    continue
+                if session.paused_since is not None and now - session.paused_since > longest:
+                    session.soft_resume(now, f"no verdict on the burst in {longest:g} s")
+                session.voice_outputs(session.voice.tick(now))
 
     async def _backlog_loop(self) -> None:
         """Ask the broker how far behind this process is, twice a second."""

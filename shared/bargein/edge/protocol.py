@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bargein.agent.events import SessionErrorCode
 from bargein.errors import TurnTakingError
@@ -31,9 +39,19 @@ class TextTurn(_Msg):
 
 
 class Played(_Msg):
+    """This client has played turn ``turn`` up to chunk ``seq`` (a text client) or up to its audio
+    mark ``mark`` (a client that plays the agent's audio): exactly one of the two."""
+
     type: Literal["played"]
     turn: int = Field(ge=0)
-    seq: int = Field(ge=0)
+    seq: int | None = Field(default=None, ge=0)
+    mark: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Played:
+        if (self.seq is None) == (self.mark is None):
+            raise ValueError("played takes a seq (text) or a mark (audio), not both or neither")
+        return self
 
 
 class Interrupt(_Msg):
@@ -146,6 +164,43 @@ class UserTranscript(_Msg):
     backchannel: bool = False
 
 
+class AudioFormat(_Msg):
+    """Sent first to a connection that joined with ``audio=``: the agent's audio follows as binary
+    frames in this format."""
+
+    type: Literal["audio_format"] = "audio_format"
+    encoding: Literal["pcm16"] = "pcm16"
+    sample_rate: int = 16_000
+    frame_ms: int = 20
+
+
+class AudioMark(_Msg):
+    """The audio sent before this mark ends ``word`` of ``turn``: the caller who has played it has
+    heard the turn up to the first ``chars`` characters of its chunk ``seq``. A client that reports
+    playback echoes ``{"type": "played", "turn": T, "mark": N}`` once it has played it."""
+
+    type: Literal["audio_mark"] = "audio_mark"
+    turn: int
+    mark: int
+    seq: int
+    chars: int
+    word: str
+
+
+class Pause(_Msg):
+    """Soft barge-in: the caller may be starting to speak; stop playing now, keep what is buffered."""
+
+    type: Literal["pause"] = "pause"
+    turn: int
+
+
+class Resume(_Msg):
+    """It was only a cough or an "uh-huh": go on playing where you paused."""
+
+    type: Literal["resume"] = "resume"
+    turn: int
+
+
 class ErrorFrame(_Msg):
     type: Literal["error"] = "error"
     code: str
@@ -169,6 +224,10 @@ AnyServerFrame = (
     | SpeakingStarted
     | SpeakingStopped
     | UserTranscript
+    | AudioFormat
+    | AudioMark
+    | Pause
+    | Resume
     | ErrorFrame
     | Ended
 )
@@ -184,7 +243,10 @@ TURN_FRAMES = (
     LogMetricFrame,
     DtmfFrame,
     TransferFrame,
+    AudioMark,
 )
+
+AUDIO_FORMATS = ("pcm16",)  # what a connection may ask for with ``audio=`` (none: text only)
 
 
 def frame_json(frame: _Msg) -> dict[str, Any]:
@@ -211,8 +273,10 @@ class ErrorCode:
     RATE_LIMITED: Final = "rate_limited"
     OVERLOADED: Final = "overloaded"
     AGENT_ERROR: Final = "agent_error"
+    BAD_AUDIO_FORMAT: Final = "bad_audio_format"
+    NO_AUDIO: Final = "no_audio"
 
-    FATAL: Final = frozenset({INVALID_TOKEN, UNKNOWN_SESSION, SLOW_CLIENT, SHUTTING_DOWN})
+    FATAL: Final = frozenset({INVALID_TOKEN, UNKNOWN_SESSION, SLOW_CLIENT, SHUTTING_DOWN, BAD_AUDIO_FORMAT})
     """The connection is closed after these."""
 
 
@@ -282,6 +346,7 @@ class SessionRequest(_Msg):
 
     agent_options: dict[str, Any] = Field(default_factory=dict)
     turn_taking: dict[str, Any] = Field(default_factory=dict)
+    voice: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/+-]+$")
 
     @field_validator("agent_options")
     @classmethod

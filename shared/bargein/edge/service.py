@@ -12,6 +12,7 @@ import uvicorn
 from bargein import tracing
 from bargein.edge.app import create_app
 from bargein.edge.core import Edge
+from bargein.edge.protocol import AUDIO_FORMATS
 from bargein.edge.tokens import Tokens
 from bargein.hosting.host import default_owner_id
 from bargein.hosting.logs import configure_logging
@@ -20,18 +21,28 @@ from bargein.settings import (
     BroadcastSettings,
     BrokerSettings,
     CoreSettings,
+    LLMSettings,
     SpeechSettings,
+    VoiceSettings,
     load,
 )
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
+from bargein.voice.engines import DEFAULT_VOICE, SUGGESTED_VOICES, synthesizer_from_settings
 
 log = logging.getLogger("bargein.edge")
 
 
 async def serve(
-    core: CoreSettings, broker: BrokerSettings, edge_settings: BroadcastSettings, speech: SpeechSettings
+    core: CoreSettings,
+    broker: BrokerSettings,
+    edge_settings: BroadcastSettings,
+    speech: SpeechSettings,
+    voice: VoiceSettings | None = None,
 ) -> None:
+    voice = voice or VoiceSettings()
+    synthesizer = synthesizer_from_settings(voice)  # a bad voice or a missing URL fails here
+    llm = load(LLMSettings)
     owner = f"edge-{default_owner_id()}"
     if edge_settings.edge_secret == DEFAULT_EDGE_SECRET:
         log.warning("BARGEIN_EDGE_SECRET is the development default: set your own before exposing the edge")
@@ -46,6 +57,8 @@ async def serve(
         owner=owner,
         max_frame_bytes=speech.max_frame_bytes,
         overload_lag_ms=broker.overload_lag_ms,
+        synthesizer=synthesizer,
+        voice_settings=voice,
     )
 
     async def ready() -> list[str]:
@@ -68,6 +81,17 @@ async def serve(
         public_url=edge_settings.public_url,
         ready=ready,
         max_body_bytes=edge_settings.max_body_bytes,
+        about={
+            # as this process's environment says (the deployment files give every service the same)
+            "llm": {
+                "scripted": llm.llm_base_url is None,
+                "model": llm.llm_model if llm.llm_base_url else None,
+            },
+            "tts": voice.tts,
+            "voice": voice.tts_voice or DEFAULT_VOICE[voice.tts],
+            "voices": list(SUGGESTED_VOICES[voice.tts]),
+            "audio": list(AUDIO_FORMATS) if synthesizer is not None else [],
+        },
     )
     config = uvicorn.Config(
         app,
@@ -96,6 +120,8 @@ async def serve(
             await store.close()
         with contextlib.suppress(Exception):
             await transport.close()
+        if synthesizer is not None:
+            await synthesizer.aclose()
     log.info("edge stopped")
 
 
@@ -104,11 +130,12 @@ def main() -> int:
     broker = load(BrokerSettings)
     edge_settings = load(BroadcastSettings)
     speech = load(SpeechSettings)
+    voice = load(VoiceSettings)
     configure_logging(core.log_level)
     tracing.configure(core, service_name="bargein-broadcast")
     with contextlib.suppress(ImportError):
         import uvloop
 
         uvloop.install()
-    asyncio.run(serve(core, broker, edge_settings, speech))
+    asyncio.run(serve(core, broker, edge_settings, speech, voice))
     return 0

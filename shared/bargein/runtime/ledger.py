@@ -1,8 +1,9 @@
 """What each turn published and how far the caller got: the source of "what the caller heard".
 
-The owner records the text of every chunk it publishes by (turn, seq); the edge reports the highest
-seq of each turn that reached (or was played to) the caller. An interrupted answer is cut to exactly
-the reported chunks, and corrected again when a report arrives after the cancel. When a session
+The owner records the text of every chunk it publishes by (turn, seq); the edge reports how far each
+turn reached (or was played to) the caller: a seq, and, when the agent's voice is played, how many
+characters of that chunk were spoken (to the end of the last word heard). An interrupted answer is
+cut to exactly that, and corrected again when a report arrives after the cancel. When a session
 changes owner, the edge hands the new one its record, text included, because the new owner has not
 produced the chunks its predecessor did (``heard``).
 """
@@ -10,6 +11,8 @@ produced the chunks its predecessor did (``heard``).
 from __future__ import annotations
 
 import collections
+
+from bargein.wire.heard import Position, cut_text, later
 
 RECENT_TURNS = 16  # late delivery reports only ever concern the last few turns
 
@@ -22,21 +25,29 @@ class DeliveryLedger:
         # stands in for what was heard
         self.edge_reports = edge_reports
         self._chunks: dict[int, dict[int, str]] = collections.defaultdict(dict)
-        self._delivered_upto: dict[int, int] = {}
+        self._delivered_upto: dict[int, Position] = {}
         self._heard: dict[int, str] = {}  # the edge's own text of what it delivered, when it sent it
 
     def published(self, turn: int, seq: int, text: str) -> None:
         self._chunks[turn][seq] = text
 
-    def delivered(self, turn: int, seq: int, text: str | None = None) -> None:
-        self._delivered_upto[turn] = max(seq, self._delivered_upto.get(turn, -1))
+    def delivered(self, turn: int, seq: int, text: str | None = None, chars: int | None = None) -> None:
+        """The caller got ``turn`` up to chunk ``seq`` (only its first ``chars`` characters, if
+        given); ``text``: what that is, as the edge knows it (a new owner's record)."""
+        position = (seq, chars)
+        if later(position, self._delivered_upto.get(turn)):
+            self._delivered_upto[turn] = position
         if text is not None and len(text) > len(self._heard.get(turn, "")):
             self._heard[turn] = text
 
     def delivered_text(self, turn: int) -> str:
         chunks = self._chunks.get(turn, {})
-        upto = self._delivered_upto.get(turn, -1) if self.edge_reports else max(chunks, default=-1)
-        ours = "".join(text for seq, text in sorted(chunks.items()) if seq <= upto)
+        upto = (
+            self._delivered_upto.get(turn, (-1, None))
+            if self.edge_reports
+            else (max(chunks, default=-1), None)
+        )
+        ours = cut_text(chunks, upto)
         heard = self._heard.get(turn, "")
         return heard if len(heard) > len(ours) else ours
 

@@ -266,17 +266,19 @@ class SessionRuntime(SessionProcessor):
         """Record how far the caller got; True if that corrected an interrupted answer."""
         if isinstance(report, HeardRecord):  # the edge's answer to our start: the whole record
             for heard in report.turns:
-                self.ledger.delivered(heard.turn, heard.seq, heard.text)
+                self.ledger.delivered(heard.turn, heard.seq, heard.text, heard.chars)
             turns = [heard.turn for heard in report.turns]
             self._record_arrived.set()
         else:
-            self.ledger.delivered(report.turn, report.seq)
+            self.ledger.delivered(report.turn, report.seq, chars=report.chars)
             turns = [report.turn]
+        final = isinstance(report, SpeechDelivered) and report.final
         amended = False
         for node in self.nodes:
             if isinstance(node, ReasoningNode):
                 for turn in turns:
-                    amended |= node.amend_interrupted_turn(turn, self.ledger.delivered_text(turn))
+                    text = self.ledger.delivered_text(turn)
+                    amended |= node.amend_interrupted_turn(turn, text, final=final)
         return amended
 
     async def _speech_sent(self, report: Message, before: str, after: str) -> None:

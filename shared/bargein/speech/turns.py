@@ -22,6 +22,10 @@ The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridabl
   engine failed (:meth:`TurnPolicy.judge_failed`), it is a barge-in after all. A held burst that
   ends without that cut nothing off: :class:`UserBackchannel` if it said anything ("uh-huh"),
   nothing at all if not (a cough).
+* While the agent is speaking, a burst that holds ``soft_pause_ms`` of voiced windows (before it is
+  a barge-in) emits :class:`UserSpeechOnset`: the client edge pauses the agent's audio at once (the
+  soft barge-in). If the burst then ends without cutting the agent off, it emits
+  :class:`UserOnsetDismissed` (or :class:`UserBackchannel` for words), and the audio resumes.
 * When a burst that emitted :class:`UserStartedSpeaking` ends, the policy emits
   :class:`UserStoppedSpeaking`, except when the burst lasted at most
   ``false_interruption_timeout_ms`` and no transcript arrived for it: then it emits
@@ -48,6 +52,8 @@ from bargein.agent.events import (
     Event,
     FalseInterruption,
     UserBackchannel,
+    UserOnsetDismissed,
+    UserSpeechOnset,
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
@@ -81,6 +87,7 @@ class TurnConfig:
     interrupt_words: int = _DEFAULTS["interrupt_words"]
     max_backchannel_ms: float = _DEFAULTS["max_backchannel_ms"]
     backchannels: tuple[str, ...] = _DEFAULTS["backchannels"]
+    soft_pause_ms: float = _DEFAULTS["soft_pause_ms"]
 
     @property
     def offset_threshold(self) -> float:
@@ -152,6 +159,7 @@ class TurnPolicy:
     burst: int = 0  # numbers the bursts, so a judgement that comes back late applies to its own
     _heard: str | None = None  # the latest words judged of a held burst
     _cut_agent: bool = False  # this burst's UserStartedSpeaking came while the agent spoke
+    _paused: bool = False  # this burst emitted UserSpeechOnset (the agent's audio is paused)
 
     @property
     def speaking(self) -> bool:
@@ -212,10 +220,14 @@ class TurnPolicy:
             self._transcribed = False
             self._heard = None
             self._cut_agent = False
+            self._paused = False
             self.burst += 1
         if voiced:
             self._voiced_ms += self.window_ms
             self._silence_start_ms = None
+            if self._pauses():
+                self._paused = True
+                out.append(self._emit(UserSpeechOnset(), end_ms))
             if self.state is State.PENDING and self._voiced_ms >= self.config.min_interruption_ms:
                 if self.holds():
                     self.state = State.HELD
@@ -231,6 +243,16 @@ class TurnPolicy:
         if end_ms - self._silence_start_ms >= self.config.min_silence_ms:
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
+
+    def _pauses(self) -> bool:
+        """Whether this window makes the burst pause the agent (the soft barge-in)."""
+        return (
+            not self._paused
+            and self.agent_speaking
+            and self.config.soft_pause_ms > 0
+            and self.state in (State.PENDING, State.HELD)
+            and self._voiced_ms >= self.config.soft_pause_ms
+        )
 
     def holds(self) -> bool:
         """Whether a burst reaching ``min_interruption_ms`` now waits for its words."""
@@ -273,13 +295,17 @@ class TurnPolicy:
         self._silence_start_ms = None
         if was is State.PENDING:
             self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, "ignored"))
-            return []
+            return (
+                [self._emit(UserOnsetDismissed(outcome="short"), at_ms, speech_end_ms)]
+                if self._paused
+                else []
+            )
         if was is State.HELD:  # never a barge-in: the agent went on talking
             said = spoken_words(self._heard)
             outcome = "backchannel" if said else "noise"
             self.bursts.append(Burst(self._burst_start_ms, speech_end_ms, self._voiced_ms, outcome))
             if not said:
-                return []
+                return [self._emit(UserOnsetDismissed(), at_ms, speech_end_ms)] if self._paused else []
             return [self._emit(UserBackchannel(content=(self._heard or "").strip()), at_ms, speech_end_ms)]
         transcribed = self._transcribed or (self.transcript is not None and self.transcript())
         if duration <= self.config.false_interruption_timeout_ms and not transcribed:

@@ -52,13 +52,18 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH
 from bargein.edge.protocol import (
     AgentChunk,
+    AudioFormat,
+    AudioMark,
     Clear,
     DtmfFrame,
     End,
     ErrorCode,
     ErrorFrame,
     LogMetricFrame,
+    Pause,
+    Played,
     ProtocolError,
+    Resume,
     ServerFrame,
     SpeakingStarted,
     SpeakingStopped,
@@ -71,6 +76,7 @@ from bargein.edge.protocol import (
     frame_json,
     parse_server_frame,
 )
+from bargein.tools.earpiece import Earpiece
 from bargein.tools.timeline import Timeline
 
 FRAME_MS = 20
@@ -330,9 +336,12 @@ class Call:
         realtime: bool,
         listen_after_s: float,
         barge_in_after: int | None,
+        earpiece: Earpiece | None = None,
     ) -> None:
         self.ws = ws
         self.tl = timeline
+        self.earpiece = earpiece  # the agent's audio is played (and recorded) here, if any
+        self.reports: list[tuple[int, int]] = []  # audio marks played, to report
         self.audio = audio
         self.texts = list(texts)
         self.realtime = realtime
@@ -362,10 +371,27 @@ class Call:
         async for message in self.ws:
             self.last_activity = time.monotonic()
             if isinstance(message, bytes):
-                self.tl.note("edge", f"ignored a {len(message)}-byte binary frame")
+                if self.earpiece is None:
+                    self.tl.note("edge", f"ignored a {len(message)}-byte binary frame")
+                else:
+                    self.reports += self.earpiece.audio(message, self.last_activity)
             else:
                 self.on_frame(message)
+            await self.report_played()
             self.changed.set()
+
+    async def play(self) -> None:
+        """Keep the earpiece playing at real time, and report the marks it passes."""
+        assert self.earpiece is not None
+        while True:
+            await asyncio.sleep(FRAME_MS / 1000)
+            self.reports += self.earpiece.advance(time.monotonic())
+            await self.report_played()
+
+    async def report_played(self) -> None:
+        reports, self.reports = self.reports, []
+        for turn, mark in reports:
+            await self.ws.send(json.dumps(frame_json(Played(type="played", turn=turn, mark=mark))))
 
     def on_frame(self, raw: str) -> None:
         try:
@@ -418,11 +444,34 @@ class Call:
             self.tl.entry(
                 "error", "edge", f"✗ {frame.code}: {frame.message}", code=frame.code, message=frame.message
             )
+        elif isinstance(frame, AudioFormat | AudioMark | Pause | Resume):
+            self.on_audio_frame(frame, now)
         else:
             self.ended_reason = frame.reason
             self.tl.entry("ended", "system", f"session ended ({self.ended_reason})", reason=self.ended_reason)
 
+    def on_audio_frame(self, frame: AudioFormat | AudioMark | Pause | Resume, now: float) -> None:
+        ear = self.earpiece
+        if ear is None:
+            return
+        if isinstance(frame, AudioMark):
+            self.reports += ear.mark(frame.turn, frame.mark, now)
+        elif isinstance(frame, Pause):
+            audible = ear.playing
+            self.reports += ear.pause(now)
+            onset = self.runs.onset(now) if self.audio is not None else None
+            after = "" if onset is None else f" {(now - onset) * 1000:.0f} ms after you began speaking"
+            if audible:
+                self.tl.entry("pause", "edge", f"⏸ the agent's voice paused{after}", turn=frame.turn)
+        elif isinstance(frame, Resume):
+            self.reports += ear.resume(now)
+            self.tl.entry(
+                "resume", "edge", "▶ it was not a barge-in: the agent's voice goes on", turn=frame.turn
+            )
+
     def on_clear(self, turn: int, now: float) -> None:
+        if self.earpiece is not None:
+            self.reports += self.earpiece.clear(now)
         self.fenced_upto = max(self.fenced_upto, turn)
         self.finished_turns.add(turn)
         if self.streaming is not None and self.streaming <= turn:
@@ -444,6 +493,8 @@ class Call:
             if self.realtime:
                 await _sleep_until(start + i * FRAME_MS / 1000)
             self.runs.sent(frame, time.monotonic())
+            if self.earpiece is not None:
+                self.earpiece.said(frame, time.monotonic())
             await self.ws.send(frame)
         self.tl.entry(
             "audio_done",
@@ -533,6 +584,7 @@ class Call:
         )
         done = asyncio.create_task(self.until_done(), name="call-done")
         pending: set[asyncio.Task[None]] = {receiver, sender, done}
+        player = asyncio.create_task(self.play(), name="call-play") if self.earpiece is not None else None
         try:
             while receiver in pending and done in pending:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -542,7 +594,7 @@ class Call:
                     if failure is not None and not isinstance(failure, ConnectionClosed):
                         raise failure
         finally:
-            for task in (sender, done):
+            for task in (sender, done, *([player] if player is not None else [])):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
                     await task
@@ -572,9 +624,12 @@ async def _sleep_until(deadline: float) -> None:
     await asyncio.sleep(max(delay, 0.0))
 
 
-def _join_url(ws_url: str, token: str) -> str:
+def _join_url(ws_url: str, token: str, *, audio: bool = False) -> str:
+    params = {"token": token, "role": "caller"}
+    if audio:  # hear the agent, and report what was played
+        params.update(audio="pcm16", reports="played")
     parts = urlsplit(ws_url)
-    query = "&".join(q for q in (parts.query, urlencode({"token": token, "role": "caller"})) if q)
+    query = "&".join(q for q in (parts.query, urlencode(params)) if q)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
 
 
@@ -592,6 +647,7 @@ async def run_call(
     turn_taking: dict[str, Any] | None = None,
     err: TextIO = sys.stderr,
     t0: float | None = None,
+    save_audio: Path | None = None,
 ) -> int:
     """Run one call against the edge at ``url`` (``http://host:port``); the exit code.
 
@@ -613,6 +669,7 @@ async def run_call(
             barge_in_after=barge_in_after,
             agent_options=agent_options,
             turn_taking=turn_taking,
+            save_audio=save_audio,
         )
     except CallError as exc:
         print(f"bargein call: {exc}", file=err, flush=True)
@@ -630,13 +687,16 @@ async def _call(
     barge_in_after: int | None,
     agent_options: dict[str, Any] | None,
     turn_taking: dict[str, Any] | None,
+    save_audio: Path | None = None,
 ) -> int:
     joined, token = await create_session(base, agent_options=agent_options, turn_taking=turn_taking)
+    earpiece = Earpiece(time.monotonic()) if save_audio is not None else None
     tl.entry(
         "session", "system", f"session {joined.session_id} at {base}", session_id=joined.session_id, url=base
     )
     try:
-        async with connect(_join_url(joined.ws_url, token), open_timeout=HTTP_TIMEOUT_S) as ws:
+        url = _join_url(joined.ws_url, token, audio=earpiece is not None)
+        async with connect(url, open_timeout=HTTP_TIMEOUT_S) as ws:
             call = Call(
                 ws,
                 tl,
@@ -645,6 +705,7 @@ async def _call(
                 realtime=realtime,
                 listen_after_s=listen_after_s,
                 barge_in_after=barge_in_after,
+                earpiece=earpiece,
             )
             with contextlib.suppress(ConnectionClosed):
                 await call.run()
@@ -652,6 +713,12 @@ async def _call(
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         raise CallError(f"cannot open the session's WebSocket {joined.ws_url}: {exc}") from None
     finally:
+        if earpiece is not None and save_audio is not None:
+            earpiece.advance(time.monotonic())
+            seconds = earpiece.save(save_audio)
+            tl.note(
+                "system", f"the call's audio ({seconds:.1f} s; you left, the agent right) is in {save_audio}"
+            )
         tl.close()
     if call.fatal is not None:
         raise CallError(f"the edge closed the connection: {call.fatal}")
@@ -670,6 +737,7 @@ def main(
     barge_in_after: int | None = None,
     agent_options: dict[str, Any] | None = None,
     turn_taking: dict[str, Any] | None = None,
+    save_audio: Path | None = None,
 ) -> int:
     """``bargein call``: the synchronous entry point the CLI calls."""
     try:
@@ -683,6 +751,7 @@ def main(
                 barge_in_after=barge_in_after,
                 agent_options=agent_options,
                 turn_taking=turn_taking,
+                save_audio=save_audio,
             )
         )
     except KeyboardInterrupt:

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent-options", type=_json_object, metavar="JSON", help="the session's agent_options"
     )
     call.add_argument("--turn-taking", type=_json_object, metavar="JSON", help="turn-taking overrides")
+    call.add_argument(
+        "--save-audio",
+        type=Path,
+        metavar="WAV",
+        help="hear the agent's voice and save the call as played (stereo: you left, the agent right)",
+    )
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
     sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
@@ -108,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     stt.add_argument("--sessions", default="1,2,4,8,16", help="comma-separated caller counts to try")
     stt.add_argument("--clips", type=_positive, default=24, help="turns per latency and load test")
     _corpus_arguments(stt)
+    e2e = bench_sub.add_parser(
+        "e2e", help="callers talking over the agent's voice: time to silence, false cuts, turn latency"
+    )
+    e2e.add_argument("--callers", type=_positive, default=2, help="callers at once (default 2)")
+    e2e.add_argument("--rounds", type=_positive, default=5, help="rounds per caller (default 5)")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -184,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 barge_in_after=args.barge_in_after,
                 agent_options=args.agent_options,
                 turn_taking=args.turn_taking,
+                save_audio=args.save_audio,
             )
         if args.command == "reasoning":
             from bargein.hosting.service import main as service_main
@@ -200,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.wire.names import TIER_SPEECH
 
             return service_main(TIER_SPEECH, speech_factory)
+        if args.command == "bench" and args.bench == "e2e":
+            from bargein.tools.bench_e2e import e2e_main
+
+            return e2e_main(args.callers, args.rounds)
         if args.command == "bench" and args.bench == "vad":
             from bargein.tools.bench_vad import main as vad_main
 

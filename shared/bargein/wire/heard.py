@@ -15,13 +15,36 @@ from bargein.agent.events import HeardRecord, HeardTurn
 
 RECENT_TURNS = 8  # turns whose delivered text is kept: a hand-over only ever concerns the last few
 
+Position = tuple[int, int | None]
+"""How far the caller got in a turn: every chunk before ``seq``, and of chunk ``seq`` its first
+``chars`` characters (None: all of it; a spoken answer is heard to the word, not to the chunk)."""
+
+
+def later(position: Position, than: Position | None) -> bool:
+    """Whether ``position`` is further into the turn than ``than`` (reports only ever advance)."""
+    if than is None:
+        return True
+    seq, chars = position
+    seq_then, chars_then = than
+    if seq != seq_then:
+        return seq > seq_then
+    return chars_then is not None and (chars is None or chars > chars_then)
+
+
+def cut_text(chunks: dict[int, str], upto: Position) -> str:
+    """The text of ``chunks`` (seq → text) up to ``upto``."""
+    seq, chars = upto
+    text = "".join(text for s, text in sorted(chunks.items()) if s < seq)
+    last = chunks.get(seq, "")
+    return text + (last if chars is None else last[:chars])
+
 
 class HeardLog:
     """Per session: the chunks sent out and how far the caller got, for the last few turns."""
 
     def __init__(self) -> None:
         self._sent: dict[int, dict[int, str]] = {}  # turn -> seq -> text of each chunk sent out
-        self._heard: dict[int, int] = {}  # turn -> the highest seq the caller was sent or played
+        self._heard: dict[int, Position] = {}  # turn -> how far the caller was sent or played
 
     def sent(self, turn: int, seq: int, text: str) -> None:
         """A chunk went out to the session's clients."""
@@ -31,22 +54,25 @@ class HeardLog:
                 self._heard.pop(old, None)
         self._sent.setdefault(turn, {})[seq] = text
 
-    def heard(self, turn: int, seq: int) -> bool:
-        """The caller got chunk ``seq`` of ``turn`` (and those before it); True if that is news."""
-        if seq <= self._heard.get(turn, -1):
+    def heard(self, turn: int, seq: int, chars: int | None = None) -> bool:
+        """The caller got chunk ``seq`` of ``turn`` (and those before it; of it only ``chars``
+        characters, if given); True if that is news."""
+        position = (seq, chars)
+        if not later(position, self._heard.get(turn)):
             return False
-        self._heard[turn] = seq
+        self._heard[turn] = position
         return True
+
+    def position(self, turn: int) -> Position | None:
+        """How far the caller got in ``turn``, if anywhere."""
+        return self._heard.get(turn)
 
     def record(self) -> HeardRecord:
         """What the caller heard of each recent turn, text included: the answer to an owner's start."""
         return HeardRecord(
             turns=[
-                HeardTurn(turn=turn, seq=upto, text=self._text(turn, upto))
+                HeardTurn(turn=turn, seq=upto[0], chars=upto[1], text=cut_text(self._sent[turn], upto))
                 for turn, upto in sorted(self._heard.items())
                 if turn in self._sent
             ]
         )
-
-    def _text(self, turn: int, upto: int) -> str:
-        return "".join(text for seq, text in sorted(self._sent[turn].items()) if seq <= upto)

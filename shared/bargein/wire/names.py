@@ -79,6 +79,8 @@ def edge_queue(owner: str, kind: Kind) -> str:
     return f"bargein.edge.{owner}.{kind}"
 
 
+VOICE_OPTION = "voice"  # the session option naming the agent's voice (POST /v1/sessions ``voice``)
+
 # the caller-side events the client edge shows clients or acts on (speech start/stop, what the
 # caller said, a hang-up from another edge process)
 EDGE_HEARS_IN = (
@@ -87,6 +89,8 @@ EDGE_HEARS_IN = (
     "FalseInterruption",
     "UserTranscriptionReceived",
     "UserBackchannel",
+    "UserSpeechOnset",
+    "UserOnsetDismissed",
     "EndCall",
 )
 

@@ -4,7 +4,9 @@ A burst of caller speech while the agent talks may be a backchannel ("uh-huh") t
 off, so the speech tier needs to know when the agent is talking. Only the edge knows: it sees the
 chunks go out and, with ``reports=played``, what was played. :class:`Playback` follows one
 session: speaking from the first chunk of a turn; stopped once that turn is complete and its last
-chunk has reached the caller, or at once when the turn is cut off. Each change is what the edge
+chunk has reached the caller, or at once when the turn is cut off. When the agent's voice is
+played (:mod:`bargein.voice`), "a chunk went out" is its audio starting, and it stops when that
+audio has played out. Each change is what the edge
 publishes as :class:`~bargein.agent.events.AgentPlayback` (the broadcast service, and the
 in-process caller of :mod:`bargein.testing`).
 """
@@ -55,6 +57,13 @@ class Playback:
             return None
         self._turn.complete = True
         return self._maybe_stopped()
+
+    def played_out(self, turn: int) -> bool | None:
+        """All of ``turn``'s audio has been played (a session whose agent is heard, not read)."""
+        if self._turn is None or self._turn.turn != turn:
+            return None
+        self._turn = None
+        return False
 
     def cleared(self, turn: int) -> bool | None:
         """``turn`` and everything before it was cut off."""

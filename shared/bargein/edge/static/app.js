@@ -1,22 +1,23 @@
 // The bargein page: a caller client of the broadcast service (docs/protocol.md).
 //
-// Start creates a session (POST /v1/sessions), joins its WebSocket as a caller that reports
-// playback (role=caller, reports=played) and starts the microphone: an AudioWorklet
-// (/static/audio-worklet.js) resamples it to 16 kHz mono PCM16 and the page sends each 20 ms
-// frame as a binary message. What comes back is shown as it streams: the caller's speech
-// (indicator and a turn entry), each agent turn's text, and on `clear` a cut-off mark on that
-// turn with the time from the barge-in to the arrival of `clear`, measured from the Stop click or
-// the typed turn that cut it, or from where the caller's voice began in the audio this page sent
-// (an energy gate over the frames; failing that, the user_started_speaking frame). The agent's
-// text is spoken with the browser's speech synthesis and silenced with speechSynthesis.cancel()
-// the moment `clear` arrives. `played` is reported as each spoken phrase ends, so the agent's
-// history keeps what the caller heard; when no voice is available (or "speak the answers" is
-// off) the text shown is what the caller got, and is reported at once.
+// Start creates a session (POST /v1/sessions, with the settings panel's system prompt, voice and
+// turn-taking), joins its WebSocket as a caller that reports playback (role=caller,
+// reports=played) and, with "hear the agent" on, hears it (audio=pcm16: the edge speaks the answers;
+// /static/audio-player.js plays them and reports each audio mark played). The microphone runs
+// through an AudioWorklet (/static/audio-worklet.js) that resamples it to 16 kHz mono PCM16, sent
+// as 20 ms binary frames. What comes back is shown as it streams: the caller's speech and words,
+// each agent turn's text with the time from the end of the caller's turn to the first sound of the
+// answer, and on `clear` a cut-off mark where the caller stopped hearing it (the unheard rest struck
+// out) with the time from the barge-in to the agent's silence (the `pause` of a soft barge-in, or
+// the `clear`), measured from the Stop click, the typed turn, or where the caller's voice began in
+// the audio this page sent. If the edge goes away (a restart) the page joins the session again.
 //
-// Stable hooks for tests: #status[data-state]; #transcript > .user-turn[data-kind=voice|text],
-// .agent-turn[data-turn][data-state=streaming|complete|cut][data-chunks] > .agent-text and
-// .cut-mark[data-ms][data-from=voice|speech|stop|text], .error-entry[data-code], .ended-entry;
-// #user-indicator and #agent-indicator [data-speaking]; #mic-state[data-state][data-frames-sent].
+// Stable hooks for tests: #status[data-state]; #transcript > .user-turn[data-kind=voice|text|backchannel],
+// .agent-turn[data-turn][data-state=streaming|complete|cut][data-chunks][data-first-audio-ms]
+// [data-heard-chars] > .agent-text, .unheard and .cut-mark[data-ms][data-from=voice|speech|stop|text],
+// .resume-entry, .error-entry[data-code], .ended-entry; #user-indicator and #agent-indicator
+// [data-speaking]; #mic-state[data-state][data-frames-sent]; #agent-audio[data-state][data-played-ms];
+// #notice (shown when replies are scripted).
 
 "use strict";
 
@@ -27,6 +28,11 @@
     stop: $("stop"),
     end: $("end"),
     speak: $("speak"),
+    audio: $("agent-audio"),
+    notice: $("notice"),
+    settings: $("settings-fields"),
+    prompt: $("system-prompt"),
+    voice: $("voice"),
     status: $("status"),
     user: $("user-indicator"),
     agent: $("agent-indicator"),
@@ -39,9 +45,6 @@
   };
 
   const STALE_CAUSE_MS = 10000; // a barge-in cause older than this explains no clear
-  const PHRASE_IDLE_MS = 350; // chunks are spoken in phrases: a pause this long ends one
-  const PHRASE_MAX_CHARS = 80; // ... and so does this much text without punctuation
-  const VOICE_STALL_MS = 15000; // utterances with no voice event for this long: the voice is broken
   // the barge-in moment of speech is where the caller's voice began in the audio this page sent:
   // a plain energy gate over the 20 ms frames (the edge may send `clear` before it relays
   // user_started_speaking, so that frame cannot be the reference)
@@ -57,7 +60,14 @@
   let cause = null; // {at, label, kind}: the last barge-in this page saw, for the cut-off time
   const voiceRun = { start: null, last: null }; // send times of the current voice run's ends
   let userTurn = null; // {el, at}: the caller's speech in progress
-  let audio = null; // {context, stream, node}
+  let context = null; // the AudioContext: the microphone in, the agent's voice out
+  let mic = null; // {stream, node}
+  let live = false; // joined and the socket is open
+  let joining = null; // the session being joined (kept to join again after an edge restart)
+  let answerDue = null; // when the caller's turn ended: the answer's wait starts
+  let pausedAt = null; // when a soft barge-in paused the agent's voice
+  const RECONNECT_CODES = new Set([1001, 1006, 1011, 1012, 1013]);
+  const RECONNECT_ATTEMPTS = 8;
   // the edge tells every client of a typed turn as a burst of speech (user_started_speaking, then
   // user_stopped_speaking): those echoes are not the caller talking, and are not shown as such
   let textEchoes = 0;
@@ -84,14 +94,6 @@
   function showError(code, message) {
     const el = entry("error-entry", `✗ ${code}: ${message}`);
     el.dataset.code = code;
-  }
-
-  function setLive(live) {
-    ui.start.disabled = live || (!ended && ws !== null);
-    ui.stop.disabled = !live;
-    ui.end.disabled = !live;
-    ui.input.disabled = !live;
-    ui.send.disabled = !live;
   }
 
   function sendJson(message) {
@@ -125,117 +127,102 @@
     return voiced || explicit;
   }
 
-  // --- speaking the agent's text -------------------------------------------------------------
+  // --- the agent's voice, from the server -----------------------------------------------------
+  //
+  // With "hear the agent" on, the page joins with audio=pcm16: the edge speaks the answers and
+  // sends them as 16 kHz PCM16 binary frames, paced at real time, with audio_mark frames after
+  // each word. A second AudioWorklet (/static/audio-player.js) plays them; marks ride in its queue
+  // in order with the audio, and each one played is reported ({type: "played", turn, mark}), so
+  // the agent's history keeps the words the caller heard. pause/resume/clear go to the worklet at
+  // once. With it off (or an edge that speaks no audio: `no_audio`), the text shown is what the
+  // caller got, and each chunk is reported played as it is shown.
 
-  const voice = {
-    available: "speechSynthesis" in window && "SpeechSynthesisUtterance" in window,
-    pending: null, // {turn, seq, text}: chunks not yet handed to the synthesizer
-    timer: null,
-    live: new Set(), // utterances handed to the synthesizer and not finished
-    lastEvent: 0,
+  const speaker = {
+    node: null, // the player worklet, once audio runs
+    wanted: true, // this connection asked for audio
+    playing: false, // the worklet is making sound now
+    paused: false,
+    heard: new Map(), // turn -> {seq, chars}: how far the caller has heard it
+    playedMs: 0,
+    firstAudio: null, // turn whose first audio is awaited (for the answer latency)
 
-    enabled() {
-      return this.available && ui.speak.checked;
+    get on() {
+      return this.wanted && this.node !== null;
     },
 
-    add(turn, seq, text) {
-      if (!this.enabled() && !this.pending) {
-        played(turn, seq); // text only: what is shown is what the caller got
-        return;
-      }
-      if (this.pending && this.pending.turn !== turn) this.flush();
-      if (!this.pending) this.pending = { turn, seq, text: "" };
-      this.pending.seq = seq;
-      this.pending.text += text;
-      clearTimeout(this.timer);
-      if (/[.!?;:,]\s*$/.test(text) || this.pending.text.length >= PHRASE_MAX_CHARS) this.flush();
-      else this.timer = setTimeout(() => this.flush(), PHRASE_IDLE_MS);
+    async start(context) {
+      if (!context.audioWorklet) return;
+      await context.audioWorklet.addModule("/static/audio-player.js");
+      const node = new AudioWorkletNode(context, "pcm16-player", { numberOfInputs: 0, outputChannelCount: [1] });
+      node.port.onmessage = (event) => this.onWorklet(event.data);
+      node.connect(context.destination);
+      this.node = node;
+      ui.audio.dataset.state = "on";
     },
 
-    flush() {
-      clearTimeout(this.timer);
-      const phrase = this.pending;
-      this.pending = null;
-      if (!phrase) return;
-      if (!this.enabled() || !phrase.text.trim()) {
-        // shown but not spoken: what the caller got is the text on screen
-        played(phrase.turn, phrase.seq);
-        return;
-      }
-      const u = new SpeechSynthesisUtterance(phrase.text);
-      u.bargein = { turn: phrase.turn, seq: phrase.seq, cancelled: false };
-      u.onstart = () => {
-        this.lastEvent = performance.now();
-        this.indicate();
-      };
-      u.onend = () => this.finished(u, true);
-      u.onerror = (event) => {
-        // our own cancel() on clear: not heard, not reported
-        if (event.error === "canceled" || event.error === "interrupted") return this.finished(u, false);
-        // no usable voice here (headless browsers, no speech engine): fall back to text only
-        this.available = false;
-        ui.speak.checked = false;
-        ui.speak.disabled = true;
-        ui.speak.parentElement.title = `speech synthesis failed (${event.error}): text only`;
-        this.finished(u, true);
-      };
-      this.live.add(u);
-      if (this.live.size === 1) this.lastEvent = performance.now();
-      speechSynthesis.speak(u);
-      this.indicate();
-    },
-
-    finished(u, heard) {
-      if (!this.live.delete(u)) return;
-      this.lastEvent = performance.now();
-      if (heard && !u.bargein.cancelled) played(u.bargein.turn, u.bargein.seq);
-      this.indicate();
-    },
-
-    // `clear` for turn T: drop everything of T and earlier, silence the voice now
-    clear(turn) {
-      clearTimeout(this.timer);
-      if (this.pending && this.pending.turn <= turn) this.pending = null;
-      let any = false;
-      for (const u of this.live) {
-        if (u.bargein.turn <= turn) {
-          u.bargein.cancelled = true;
-          this.live.delete(u);
-          any = true;
-        }
-      }
-      if (any && this.available) speechSynthesis.cancel();
-      this.indicate();
-    },
-
-    stopAll() {
-      clearTimeout(this.timer);
-      this.pending = null;
-      for (const u of this.live) u.bargein.cancelled = true;
-      this.live.clear();
-      if (this.available) speechSynthesis.cancel();
-      this.indicate();
-    },
-
-    watchdog() {
-      if (this.live.size && performance.now() - this.lastEvent > VOICE_STALL_MS) {
-        // the synthesizer took utterances and never spoke them: stop relying on it
-        const stuck = [...this.live];
-        this.available = false;
-        ui.speak.checked = false;
-        ui.speak.disabled = true;
-        ui.speak.parentElement.title = "speech synthesis stalled: text only";
-        for (const u of stuck) this.finished(u, true);
-        speechSynthesis.cancel();
+    onWorklet(m) {
+      if (m.reached) {
+        const { turn, mark, seq, chars } = m.reached;
+        if (turn > fencedUpto) sendJson({ type: "played", turn, mark });
+        this.heard.set(turn, { seq, chars }); // marks are reached in order: the latest is furthest
+      } else if ("playing" in m) {
+        if (m.playing && !this.playing) this.onSound();
+        this.playing = m.playing;
+        if (m.playing) this.playedMs += 50;
+        ui.audio.dataset.playedMs = String(Math.round(this.playedMs));
+        indicate();
       }
     },
 
-    indicate() {
-      const streaming = [...turns.values()].some((el) => el.dataset.state === "streaming");
-      ui.agent.dataset.speaking = String(this.live.size > 0 || this.pending !== null || streaming);
+    onSound() {
+      // the first sound of an answer: how long the caller waited for it
+      const el = this.firstAudio !== null ? turns.get(this.firstAudio) : null;
+      this.firstAudio = null;
+      if (!el || el.dataset.firstAudioMs || answerDue === null) return;
+      const ms = Math.round(performance.now() - answerDue);
+      answerDue = null;
+      el.dataset.firstAudioMs = String(ms);
+      const latency = document.createElement("span");
+      latency.className = "latency";
+      latency.textContent = `answered in ${ms} ms`;
+      el.append(latency);
+    },
+
+    audio(buffer) {
+      if (this.node) this.node.port.postMessage({ audio: buffer }, [buffer]);
+    },
+    mark(frame) {
+      if (this.node) this.node.port.postMessage({ mark: frame });
+    },
+    pause() {
+      this.paused = true;
+      if (this.node) this.node.port.postMessage({ pause: true });
+    },
+    resume() {
+      this.paused = false;
+      if (this.node) this.node.port.postMessage({ resume: true });
+    },
+    clear() {
+      this.paused = false;
+      this.playing = false;
+      if (this.node) this.node.port.postMessage({ clear: true });
+    },
+    stop() {
+      this.clear();
+      if (this.node) this.node.disconnect();
+      this.node = null;
+      this.heard.clear();
+      ui.audio.dataset.state = "off";
     },
   };
-  setInterval(() => voice.watchdog(), 1000);
+
+  // the agent is speaking while an answer streams or its voice plays (not while it is paused)
+  function indicate() {
+    const streaming = [...turns.values()].some((el) => el.dataset.state === "streaming");
+    const speaking = streaming || (speaker.playing && !speaker.paused);
+    ui.agent.dataset.speaking = String(speaking);
+    ui.stop.disabled = !live || !speaking;
+  }
 
   function played(turn, seq) {
     if (turn > fencedUpto) sendJson({ type: "played", turn, seq });
@@ -256,7 +243,9 @@
       const text = document.createElement("span");
       text.className = "agent-text";
       el.append(who, text);
+      el.chunks = []; // seq -> text, to mark the word where a cut fell
       turns.set(turn, el);
+      speaker.firstAudio = turn;
     }
     return el;
   }
@@ -268,44 +257,95 @@
     const el = agentTurn(frame.turn);
     if (el.dataset.state !== "streaming") return;
     el.querySelector(".agent-text").append(document.createTextNode(frame.text));
+    el.chunks[frame.seq] = frame.text;
     el.dataset.chunks = String(Number(el.dataset.chunks) + 1);
     el.dataset.seq = String(frame.seq);
     el.scrollIntoView({ block: "end" });
-    voice.add(frame.turn, frame.seq, frame.text);
+    if (!speaker.on) played(frame.turn, frame.seq); // text only: what is shown is what the caller got
+    indicate();
   }
 
   function onTurnComplete(frame) {
     const el = turns.get(frame.turn);
     if (el && el.dataset.state === "streaming") el.dataset.state = "complete";
-    if (voice.pending && voice.pending.turn === frame.turn) voice.flush();
-    voice.indicate();
+    indicate();
+  }
+
+  // with the agent's voice on, a cut turn shows the words the caller heard, and the rest struck out
+  function markHeard(el, turn) {
+    const heard = speaker.heard.get(turn);
+    if (!speaker.on || !el.chunks) return;
+    const text = el.chunks.map((t) => t || "").join("");
+    let upto = 0;
+    if (heard) {
+      for (let s = 0; s < heard.seq; s++) upto += (el.chunks[s] || "").length;
+      upto += heard.chars;
+    }
+    const body = el.querySelector(".agent-text");
+    body.textContent = text.slice(0, upto);
+    if (upto < text.length) {
+      const rest = document.createElement("span");
+      rest.className = "unheard";
+      rest.title = "not heard: the caller cut in before this";
+      rest.textContent = text.slice(upto);
+      el.querySelector(".agent-text").after(rest);
+    }
+    el.dataset.heardChars = String(upto);
   }
 
   function onClear(frame) {
     const now = performance.now();
-    voice.clear(frame.turn); // silence first: every millisecond of speech after clear is heard
+    const audible = speaker.playing && !speaker.paused;
+    speaker.clear(); // silence first: every millisecond of voice after clear is heard
     fencedUpto = Math.max(fencedUpto, frame.turn);
     const why = bargeInCause(now);
     cause = null;
-    const ms = why ? Math.round(now - why.at) : null;
-    const cut = [...turns.entries()].filter(([t, el]) => t <= frame.turn && el.dataset.state === "streaming");
+    // the agent fell silent at the pause, if one came first (the soft barge-in)
+    const silentAt = !audible && pausedAt !== null ? pausedAt : now;
+    pausedAt = null;
+    const ms = why ? Math.max(0, Math.round(silentAt - why.at)) : null;
+    const cut = [...turns.entries()].filter(
+      ([t, el]) => t <= frame.turn && (el.dataset.state === "streaming" || (speaker.on && t === frame.turn)),
+    );
     if (!turns.has(frame.turn)) cut.push([frame.turn, agentTurn(frame.turn)]);
-    for (const [, el] of cut) {
+    for (const [t, el] of cut) {
+      if (el.dataset.state === "cut") continue;
       el.dataset.state = "cut";
+      markHeard(el, t);
       const mark = document.createElement("span");
       mark.className = "cut-mark";
       mark.dataset.ms = ms === null ? "" : String(ms);
       mark.dataset.from = why ? why.kind : "";
-      mark.textContent =
-        ms === null ? "✂ cut off" : `✂ cut off ${ms} ms after ${why.label}`;
+      mark.textContent = ms === null ? "✂ cut off" : `✂ cut off ${ms} ms after ${why.label}`;
       if (el.dataset.chunks === "0") mark.textContent += " (before it said anything)";
-      el.append(mark);
+      el.querySelector(".agent-text").after(mark);
     }
     if (ms !== null) {
       ui.lastCut.dataset.ms = String(ms);
-      ui.lastCut.textContent = `last cut-off: ${ms} ms`;
+      ui.lastCut.textContent = `last barge-in: silent ${ms} ms after ${why.label}`;
     }
-    voice.indicate();
+    indicate();
+  }
+
+  function onPause() {
+    if (!speaker.on) return;
+    pausedAt = speaker.playing ? performance.now() : null;
+    speaker.pause();
+    const why = bargeInCause(performance.now());
+    if (pausedAt !== null && why) {
+      const ms = Math.max(0, Math.round(pausedAt - why.at));
+      ui.lastCut.dataset.ms = String(ms);
+      ui.lastCut.textContent = `paused ${ms} ms after ${why.label}`;
+    }
+    indicate();
+  }
+
+  function onResume() {
+    pausedAt = null;
+    speaker.resume();
+    const el = entry("resume-entry", "▶ not a barge-in: the agent goes on where it paused");
+    el.dataset.kind = "resume";
+    indicate();
   }
 
   function onUserStarted() {
@@ -322,21 +362,25 @@
     userTurn = { el, at: performance.now() };
   }
 
-  function onUserStopped() {
+  function finishUserTurn() {
+    ui.user.dataset.speaking = "false";
+    if (!userTurn) return;
+    const seconds = (performance.now() - userTurn.at) / 1000;
+    userTurn.el.dataset.state = "done";
+    userTurn.el.textContent = userTurn.words
+      ? `you: “${userTurn.words}”`
+      : `you spoke (${seconds.toFixed(1)} s)`; // no speech-to-text on the server
+    userTurn = null;
+  }
+
+  function onUserStopped(frame) {
     if (echoing) {
       echoing = false;
       textEchoes -= 1;
       return;
     }
-    ui.user.dataset.speaking = "false";
-    if (userTurn) {
-      const seconds = (performance.now() - userTurn.at) / 1000;
-      userTurn.el.dataset.state = "done";
-      userTurn.el.textContent = userTurn.words
-        ? `you: “${userTurn.words}”`
-        : `you spoke (${seconds.toFixed(1)} s)`; // no speech-to-text on the server
-      userTurn = null;
-    }
+    if (!frame.false_interruption) answerDue = performance.now(); // the answer's wait starts now
+    finishUserTurn();
     cause = null; // that speech became a turn: it explains no later clear
   }
 
@@ -362,6 +406,16 @@
     el.dataset.type = frame.type;
   }
 
+  function onError(frame) {
+    if (frame.code === "no_audio") {
+      // this edge speaks no audio (BARGEIN_TTS=none): text only, said once, not as a failure
+      speaker.wanted = false;
+      entry("notice-entry", "This edge has no voice for the agent (BARGEIN_TTS=none): text only.");
+      return;
+    }
+    showError(frame.code || "error", frame.message || "");
+  }
+
   function onFrame(raw) {
     let frame;
     try {
@@ -376,10 +430,18 @@
         return onTurnComplete(frame);
       case "clear":
         return onClear(frame);
+      case "audio_mark":
+        return speaker.mark(frame);
+      case "pause":
+        return onPause();
+      case "resume":
+        return onResume();
+      case "audio_format":
+        return;
       case "user_started_speaking":
         return onUserStarted();
       case "user_stopped_speaking":
-        return onUserStopped();
+        return onUserStopped(frame);
       case "user_transcript":
         return onTranscript(frame);
       case "tool_call":
@@ -393,9 +455,10 @@
       case "transfer":
         return onAction(frame, `☎ transfers the call to ${frame.target_phone_number}`);
       case "error":
-        return showError(frame.code || "error", frame.message || "");
+        return onError(frame);
       case "ended":
         ended = true;
+        finishUserTurn();
         entry("ended-entry", `— the session ended (${frame.reason || "no reason given"}) —`);
         return;
       default:
@@ -436,7 +499,7 @@
       mute.gain.value = 0;
       source.connect(node).connect(mute).connect(context.destination);
       await context.resume();
-      audio = { context, stream, node };
+      mic = { stream, node };
       ui.mic.dataset.state = "on";
       ui.mic.textContent = `microphone on (${context.sampleRate} Hz → 16 kHz)`;
     } catch (err) {
@@ -445,14 +508,57 @@
     }
   }
 
-  function stopMic() {
-    if (!audio) return;
-    audio.node.port.postMessage("stop");
-    for (const track of audio.stream.getTracks()) track.stop();
-    audio.context.close();
-    audio = null;
+  function stopAudio() {
+    speaker.stop();
+    if (mic) {
+      mic.node.port.postMessage("stop");
+      for (const track of mic.stream.getTracks()) track.stop();
+      mic = null;
+    }
+    if (context) context.close().catch(() => {});
+    context = null;
     ui.mic.dataset.state = "off";
     ui.mic.textContent = "microphone off";
+  }
+
+  // --- settings and what the edge offers -------------------------------------------------------
+
+  async function loadInfo() {
+    try {
+      const response = await fetch("/v1/info");
+      const info = await response.json();
+      if (info.llm && info.llm.scripted) {
+        ui.notice.hidden = false;
+        ui.notice.textContent =
+          "No language model is configured (BARGEIN_LLM_BASE_URL), so the agent's replies are scripted.";
+      }
+      for (const name of info.voices || []) {
+        const option = document.createElement("option");
+        option.value = option.textContent = name;
+        if (name === info.voice) option.selected = true;
+        ui.voice.append(option);
+      }
+      if (!(info.audio || []).length) {
+        ui.speak.checked = false;
+        ui.speak.disabled = true;
+        ui.speak.parentElement.title = "this edge speaks no audio (BARGEIN_TTS=none)";
+      }
+    } catch {
+      // an older edge: no settings to offer, the defaults hold
+    }
+  }
+
+  function sessionBody() {
+    const body = {};
+    const prompt = ui.prompt.value.trim();
+    if (prompt) body.agent_options = { system_prompt: prompt };
+    if (ui.voice.value) body.voice = ui.voice.value;
+    const turnTaking = {};
+    for (const input of document.querySelectorAll("[data-turn-taking]")) {
+      if (input.value.trim() !== "") turnTaking[input.dataset.turnTaking] = Number(input.value);
+    }
+    if (Object.keys(turnTaking).length) body.turn_taking = turnTaking;
+    return body;
   }
 
   // --- the session ---------------------------------------------------------------------------
@@ -464,25 +570,80 @@
     fencedUpto = 0;
     cause = null;
     userTurn = null;
+    answerDue = null;
+    pausedAt = null;
     textEchoes = 0;
     echoing = false;
     voiceRun.start = voiceRun.last = null;
     ui.user.dataset.speaking = "false";
   }
 
+  function setLive(on) {
+    live = on;
+    ui.start.disabled = on || (!ended && ws !== null) || joining !== null;
+    ui.end.disabled = !on;
+    ui.input.disabled = !on;
+    ui.send.disabled = !on;
+    ui.settings.disabled = on;
+    indicate();
+  }
+
+  // join (or join again) the session's WebSocket; after an edge restart any edge serves it
+  function join(attempt) {
+    const url = new URL(joining.ws_url, location.href);
+    if (location.protocol === "https:" && url.protocol === "ws:") url.protocol = "wss:";
+    url.searchParams.set("token", joining.token);
+    url.searchParams.set("role", "caller");
+    url.searchParams.set("reports", "played");
+    url.searchParams.set("audio", speaker.wanted ? "pcm16" : "none");
+    const socket = new WebSocket(url.toString());
+    ws = socket;
+    socket.binaryType = "arraybuffer";
+    socket.onopen = () => {
+      attempt = 0;
+      setStatus("live", `live — session ${sessionId}`);
+      setLive(true);
+      if (!mic && context) startMic(context);
+    };
+    socket.onmessage = (event) => {
+      if (typeof event.data === "string") onFrame(event.data);
+      else if (speaker.on) speaker.audio(event.data);
+    };
+    socket.onclose = (event) => {
+      if (ws !== socket) return;
+      ws = null;
+      speaker.clear();
+      finishUserTurn();
+      setLive(false);
+      // the edge went away (a restart, a deploy): the session lives on, join it again
+      const retry = !ended && RECONNECT_CODES.has(event.code) && attempt < RECONNECT_ATTEMPTS;
+      if (retry) {
+        setStatus("reconnecting", `the edge went away (${event.code}); reconnecting…`);
+        setTimeout(() => join(attempt + 1), Math.min(4000, 250 * 2 ** attempt));
+        return;
+      }
+      stopAudio();
+      joining = null;
+      ui.start.disabled = false;
+      if (ended || event.code === 1000) setStatus("ended", `session ${sessionId} ended`);
+      else setStatus("error", `connection closed (${event.code}${event.reason ? ": " + event.reason : ""})`);
+    };
+  }
+
   async function start() {
     ui.start.disabled = true;
     ended = false;
     resetConversation();
-    // created inside the click, so the browser lets it run
-    const context = new (window.AudioContext || window.webkitAudioContext)();
+    speaker.wanted = ui.speak.checked;
+    // created inside the click, so the browser lets it run (and play)
+    context = new (window.AudioContext || window.webkitAudioContext)();
     setStatus("connecting", "creating a session…");
     let session;
     try {
       const response = await fetch("/v1/sessions", {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: "{}",
+        body: JSON.stringify(sessionBody()),
       });
       const body = await response.json().catch(() => ({}));
       if (response.status !== 201) {
@@ -491,39 +652,24 @@
       }
       session = body;
     } catch (err) {
-      context.close();
+      stopAudio();
       setStatus("error", `could not create a session: ${err.message || err}`);
       ui.start.disabled = false;
       return;
     }
     sessionId = session.session_id;
     ui.status.dataset.session = sessionId;
-    const url = new URL(session.ws_url, location.href);
-    if (location.protocol === "https:" && url.protocol === "ws:") url.protocol = "wss:";
-    url.searchParams.set("token", session.token);
-    url.searchParams.set("role", "caller");
-    url.searchParams.set("reports", "played");
-    ws = new WebSocket(url.toString());
-    ws.binaryType = "arraybuffer";
-    ws.onopen = () => {
-      setStatus("live", `live — session ${sessionId}`);
-      setLive(true);
-      startMic(context);
-    };
-    ws.onmessage = (event) => {
-      if (typeof event.data === "string") onFrame(event.data);
-    };
-    ws.onclose = (event) => {
-      stopMic();
-      if (!audio) context.close().catch(() => {});
-      voice.stopAll();
-      ui.user.dataset.speaking = "false";
-      ws = null;
-      setLive(false);
-      ui.start.disabled = false;
-      if (ended || event.code === 1000) setStatus("ended", `session ${sessionId} ended`);
-      else setStatus("error", `connection closed (${event.code}${event.reason ? ": " + event.reason : ""})`);
-    };
+    if (speaker.wanted) {
+      try {
+        await speaker.start(context);
+        await context.resume();
+      } catch (err) {
+        speaker.wanted = false;
+        entry("notice-entry", `cannot play audio here (${err.name || err}): text only`);
+      }
+    }
+    joining = session;
+    join(0);
   }
 
   ui.start.addEventListener("click", () => {
@@ -547,13 +693,12 @@
     noteCause("your text", "text");
     textEchoes += 1;
     lastTextAt = performance.now();
+    answerDue = lastTextAt;
     sendJson({ type: "text", text });
     const el = entry("user-turn", `you: ${text}`);
     el.dataset.kind = "text";
     ui.input.value = "";
   });
 
-  ui.speak.addEventListener("change", () => {
-    if (!ui.speak.checked) voice.stopAll();
-  });
+  loadInfo();
 })();
