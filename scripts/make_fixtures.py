@@ -67,11 +67,12 @@ FIXTURES: dict[str, list[Piece]] = {
         Piece(silence_ms=1000),
     ],
     # the demo's call: a question, then, while the agent answers, a barge-in long enough to be a turn
-    # of its own whatever the false-interruption timeout (also shipped with the package, for demos)
+    # of its own whatever the false-interruption timeout (also shipped with the package, for demos);
+    # 3 s apart, so that the agent's voice has been heard for a while when the caller cuts in
     "barge_in.wav": [
         Piece(silence_ms=800),
         Piece(text="Can you tell me what the weather will be like this weekend?"),
-        Piece(silence_ms=1500),
+        Piece(silence_ms=3000),
         Piece(text="Wait, stop, I would rather hear a short story about a curious robot instead."),
         Piece(silence_ms=1500),
     ],
@@ -121,7 +122,11 @@ def assemble(
     return samples, marks
 
 
-def main() -> int:
+def main(only: list[str]) -> int:
+    """Make every fixture, or with names only those (the others, and their marks, stay as they are)."""
+    unknown = set(only) - set(FIXTURES)
+    if unknown:
+        sys.exit(f"make_fixtures: no fixture {', '.join(sorted(unknown))} (there are {', '.join(FIXTURES)})")
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
     all_marks: dict[str, object] = {
@@ -135,9 +140,13 @@ def main() -> int:
         "files": {},
     }
     files: dict[str, object] = {}
+    if only:  # keep the others' marks
+        files = dict(json.loads((OUT / "marks.json").read_text())["files"])
     with tempfile.TemporaryDirectory() as tmp:
         for name, pieces in FIXTURES.items():
             samples, marks = assemble(pieces, Path(tmp), Path(name).stem, rng)
+            if only and name not in only:
+                continue  # made all the same, so the random noise of the others is what it always was
             write_wav(OUT / name, samples)
             if name in PACKAGED:  # with its marks and words beside it (bargein bench stt reads them)
                 PACKAGED[name].parent.mkdir(parents=True, exist_ok=True)
@@ -149,9 +158,9 @@ def main() -> int:
     all_marks["files"] = files
     (OUT / "marks.json").write_text(json.dumps(all_marks, indent=2) + "\n")
     total = sum(p.stat().st_size for p in OUT.iterdir())
-    print(f"wrote {len(FIXTURES)} fixtures and marks.json to {OUT} ({total / 1024:.0f} KiB)")
+    print(f"wrote {len(only) or len(FIXTURES)} fixtures and marks.json to {OUT} ({total / 1024:.0f} KiB)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import wave
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bargein.tools.demo_audio import run_audio_demo
@@ -52,18 +55,41 @@ def _slow_scripted_llm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BARGEIN_SCRIPTED_TOKENS_PER_S", "10")
 
 
-async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What ``make demo`` runs: the agent heard (eSpeak NG), the call saved as a WAV."""
     _slow_scripted_llm(monkeypatch)
     out, err = io.StringIO(), io.StringIO()
-    assert await run_audio_demo(out=out, err=err, json_lines=True) == 0, err.getvalue()
+    wav = tmp_path / "demo.wav"
+    assert await run_audio_demo(out=out, err=err, json_lines=True, save_audio=wav) == 0, err.getvalue()
     records = _entries(out)
     _check_question_then_barge_in(records)
-    # the history the model sees next: the interrupted answer only as far as it was delivered
+    # the history the model sees next: the interrupted answer only as far as it was heard, to the word
     history = [r for r in records if r["event"] == "history"]
     assistant = [r["content"] for r in history if r["role"] == "assistant"]
     assert len(assistant) == 2
     delivered = "".join(r["text"] for r in records if r["event"] == "agent_chunk" and r["turn"] == 1)
-    assert assistant[0] == delivered and "twenty-two degrees" not in delivered
+    # the answer's text runs ahead of its voice: the caller heard less than the text that was sent
+    assert assistant[0] and delivered.startswith(assistant[0]) and len(assistant[0]) < len(delivered)
+    assert delivered[len(assistant[0]) : len(assistant[0]) + 1] in (
+        "",
+        " ",
+        ",",
+        ".",
+        "!",
+        "?",
+    )  # a word's end
+    # the WAV: the caller on the left, the agent on the right; the agent falls silent at the barge-in
+    with wave.open(str(wav)) as saved:
+        assert (saved.getnchannels(), saved.getframerate()) == (2, 16_000)
+        both = np.frombuffer(saved.readframes(saved.getnframes()), dtype="<i2").reshape(-1, 2)
+    agent = both[:, 1].astype(float)
+    assert np.abs(both[:, 0]).max() > 1000 and np.abs(agent).max() > 1000  # both are heard
+    silenced = next(r["t"] for r in records if r["event"] in ("pause", "clear"))
+    at = int(silenced * 16_000)
+    after = agent[at + int(0.25 * 16_000) : at + int(0.75 * 16_000)]  # past the lead, while the caller talks
+    assert np.sqrt((after**2).mean()) < 50, "the agent's voice went on after the barge-in"
+    second = next(r["t"] for r in records if r["event"] == "agent_chunk" and r["turn"] > 1)
+    assert np.abs(agent[int(second * 16_000) :]).max() > 1000  # the answer to the barge-in is heard
     user = [r["content"] for r in history if r["role"] == "user"]  # the caller's words, not just turn events
     assert len(user) == 2 and "weather" in user[0].lower()
 

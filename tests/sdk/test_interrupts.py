@@ -316,3 +316,43 @@ async def test_a_turn_cancelled_between_chunks_unwinds_the_node_at_once() -> Non
         await wait_for(lambda: len(seen) == 2)
         assert seen[0] == "cancelled"
         assert seen[1] == f"handler, history={AgentResponse(content=heard)!r}"
+
+
+async def test_a_report_to_the_word_cuts_the_history_inside_a_chunk() -> None:
+    """An edge that plays the agent's voice reports how far into a chunk the caller heard."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log), report_delivery=False) as s:
+        s.runtime.ledger.edge_reports = True  # an edge that reports, but only what we send here
+        await ask(s)
+        await take_chunks(s, 4)
+        report = Envelope.wrap(s.session_id, SpeechDelivered(turn=1, seq=2, chars=2), source="edge")
+        await s.transport.publish(report, IN)
+        await s.broker.settle()
+        await s.emit(UserStartedSpeaking())
+        await wait_for(lambda: "handler-end" in log)
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.conversation_events[-1] == AgentResponse(content="w0 w1 w2")  # not "w2 "
+
+
+async def test_a_final_report_cuts_an_answer_the_agent_had_finished() -> None:
+    """With the agent's voice, a barge-in usually comes after the text is complete: the edge's
+    final report (no more of the turn will be heard) cuts the finished answer to what was heard,
+    and a cough may then resume it."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log), report_delivery=False) as s:
+        s.runtime.ledger.edge_reports = True
+        await ask(s)
+        await s.collect_turn()
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.conversation_events[-1] == AgentResponse(content=WORDS)
+        early = Envelope.wrap(s.session_id, SpeechDelivered(turn=1, seq=3, chars=1), source="edge")
+        await s.transport.publish(early, IN)  # heard so far, the voice goes on: nothing is cut
+        await s.broker.settle()
+        assert node.conversation_events[-1] == AgentResponse(content=WORDS)
+        cut = Envelope.wrap(s.session_id, SpeechDelivered(turn=1, seq=3, chars=2, final=True), source="edge")
+        await s.transport.publish(cut, IN)
+        await s.broker.settle()
+        assert node.conversation_events[-1] == AgentResponse(content="w0 w1 w2 w3")
+        assert node._resumable is not None  # a FalseInterruption now picks it up where it was cut

@@ -5,6 +5,11 @@ caller (``emit``) and the client edge (``next``). As the edge it applies the sam
 :class:`~bargein.wire.fence.TurnFence` the broadcast service does, so after an interrupt no chunk of the
 interrupted turn is ever returned, even one already queued; and it reports each chunk it hands out
 as delivered, so the agent's history keeps exactly the text that was consumed.
+
+Given a :class:`~bargein.voice.speaker.Voice`, it is an edge whose caller hears the agent: the
+chunks it hands out are spoken, played at real time into a :class:`Loudspeaker` (the demo's
+recording), and what the caller heard is what was played, to the word, as the broadcast service
+reports it.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from bargein.agent.events import (
     AgentGenerationComplete,
@@ -30,6 +36,9 @@ from bargein.agent.events import (
 from bargein.agent.message import Source
 from bargein.errors import UnroutableError
 from bargein.transport.abc import Subscription, Transport
+from bargein.voice import player
+from bargein.voice.player import FRAME_MS
+from bargein.voice.speaker import Voice
 from bargein.wire.envelope import Envelope
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
@@ -37,6 +46,18 @@ from bargein.wire.names import IN, OUT, TIER_EDGE
 from bargein.wire.playback import Playback
 
 E = TypeVar("E", bound=Event)
+
+
+class Loudspeaker(Protocol):
+    """Where a caller who hears the agent plays its voice (``tools.earpiece.Earpiece`` is one)."""
+
+    def audio(self, pcm: bytes, now: float) -> object: ...
+
+    def pause(self, now: float) -> object: ...
+
+    def resume(self, now: float) -> object: ...
+
+    def clear(self, now: float) -> object: ...
 
 
 class Caller:
@@ -48,8 +69,16 @@ class Caller:
         report_delivery: bool = True,
         report_playback: bool = False,
         settle: Callable[[], Awaitable[None]] | None = None,
+        voice: Voice | None = None,
+        loudspeaker: Loudspeaker | None = None,
     ) -> None:
         self.transport = transport
+        self.voice = voice  # the caller hears the agent: chunks are spoken, heard is what played
+        self.loudspeaker = loudspeaker
+        self._voice_turn = 0  # the turn whose audio played last
+        self._cut: set[int] = set()
+        self.paused = False  # a soft barge-in holds the agent's voice
+        self._player: asyncio.Task[None] | None = None
         self.session_id = session_id
         self.report_delivery = report_delivery
         self.report_playback = report_playback  # tell a speech tier when the agent speaks, as the edge does
@@ -69,8 +98,17 @@ class Caller:
     async def attach(self) -> None:
         """Start receiving the session's output (declares the edge mailbox)."""
         self._edge = await self.transport.open_mailbox(self.session_id, TIER_EDGE, OUT, self._on_output)
+        if self.voice is not None:
+            self._player = asyncio.create_task(self._play(), name=f"caller-voice:{self.session_id}")
 
     async def detach(self) -> None:
+        if self._player is not None:
+            self._player.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._player
+            self._player = None
+        if self.voice is not None:
+            await self.voice.aclose()
         if self._edge is not None:
             await self._edge.cancel()
             self._edge = None
@@ -97,6 +135,7 @@ class Caller:
                     await self._report(self.heard.record())
             return
         if isinstance(event, TurnInterrupted):
+            await self.cut(event.turn)
             await self._tell_speech(self.playback.cleared(event.turn))
             if self.fence.interrupt(event.turn):
                 self.interrupted_turns.append(event.turn)
@@ -129,13 +168,18 @@ class Caller:
         """The caller has this event now: a chunk is reported heard, the agent's hang-up ends the
         session (as the broadcast edge does)."""
         self.received.append((envelope, event))
-        if isinstance(event, AgentResponse):
+        if isinstance(event, AgentResponse) and self.voice is not None:
+            self.heard.sent(envelope.turn, envelope.seq, event.content)
+            self.voice.text(envelope.turn, envelope.seq, event.content)
+        elif isinstance(event, AgentResponse):
             await self._tell_speech(self.playback.sent(envelope.turn, envelope.seq))
             await self._tell_speech(self.playback.heard(envelope.turn, envelope.seq))
             self.heard.sent(envelope.turn, envelope.seq, event.content)
             if self.report_delivery and self.heard.heard(envelope.turn, envelope.seq):
                 await self._report(SpeechDelivered(turn=envelope.turn, seq=envelope.seq))
-        if isinstance(event, AgentGenerationComplete):
+        if isinstance(event, AgentGenerationComplete) and self.voice is not None:
+            self.voice.complete(envelope.turn)
+        elif isinstance(event, AgentGenerationComplete):
             await self._tell_speech(self.playback.complete(envelope.turn))
         if isinstance(event, EndCall) and envelope.source not in Source.CALLER_SIDE:
             # the agent hung up and everything before it was handed out: end the session, as the
@@ -143,6 +187,75 @@ class Caller:
             hangup = EndCall(reason="agent ended the call")
             await self.transport.publish(Envelope.wrap(self.session_id, hangup, source=Source.EDGE), IN)
             self.ended = True
+
+    # --- the agent's voice -----------------------------------------------------------------------
+
+    @property
+    def agent_audible(self) -> bool:
+        return self.voice is not None and self.voice.player.playing
+
+    async def barge_in(self) -> None:
+        """The caller spoke over the agent: cut off whatever of its voice still plays (the answer's
+        text may have ended long ago, so its owner has nothing to interrupt), as the edge does."""
+        if self.agent_audible:
+            await self.cut(self._voice_turn)
+
+    async def soft_pause(self) -> bool:
+        """The caller may be starting to speak (``UserSpeechOnset``): silence the agent's voice now.
+        Whether it was audible (and is now paused)."""
+        if self.voice is None or self.paused or not self.voice.player.playing:
+            return False
+        now = time.monotonic()
+        await self._voice_outputs(self.voice.pause(now))
+        if self.loudspeaker is not None:
+            self.loudspeaker.pause(now)
+        self.paused = True
+        return True
+
+    def soft_resume(self) -> bool:
+        """It was not a barge-in: the agent's voice goes on where it paused. Whether it was paused."""
+        if self.voice is None or not self.paused:
+            return False
+        now = time.monotonic()
+        self.voice.resume(now)
+        if self.loudspeaker is not None:
+            self.loudspeaker.resume(now)
+        self.paused = False
+        return True
+
+    async def cut(self, turn: int) -> None:
+        """No more of ``turn`` is played: tell the owner how far the caller heard it (``final``)."""
+        if self.voice is None or turn in self._cut:
+            return
+        self._cut.add(turn)
+        self.paused = False
+        now = time.monotonic()
+        await self._voice_outputs(self.voice.clear(turn, now))
+        if self.loudspeaker is not None:
+            self.loudspeaker.clear(now)
+        if self.report_delivery:
+            seq, chars = self.heard.position(turn) or (-1, None)
+            await self._report(SpeechDelivered(turn=turn, seq=seq, chars=chars, final=True))
+        await self._tell_speech(self.playback.cleared(turn))
+
+    async def _play(self) -> None:
+        assert self.voice is not None
+        while True:
+            await asyncio.sleep(FRAME_MS / 1000)
+            await self._voice_outputs(self.voice.tick(time.monotonic()))
+
+    async def _voice_outputs(self, outputs: list[player.Output]) -> None:
+        for out in outputs:
+            if isinstance(out, player.Audio):
+                self._voice_turn = out.turn
+                await self._tell_speech(self.playback.sent(out.turn, 0))
+                if self.loudspeaker is not None:
+                    self.loudspeaker.audio(out.pcm, time.monotonic())
+            elif isinstance(out, player.Heard):
+                if self.report_delivery and self.heard.heard(out.turn, out.seq, out.chars):
+                    await self._report(SpeechDelivered(turn=out.turn, seq=out.seq, chars=out.chars))
+            elif isinstance(out, player.Done):
+                await self._tell_speech(self.playback.played_out(out.turn))
 
     async def _tell_speech(self, speaking: bool | None) -> None:
         if speaking is None or not self.report_playback:

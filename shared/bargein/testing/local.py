@@ -20,8 +20,9 @@ from bargein.agent.nodes import Node
 from bargein.hosting.host import SessionHost
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
-from bargein.testing.caller import Caller
+from bargein.testing.caller import Caller, Loudspeaker
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
+from bargein.voice.speaker import Voice
 from bargein.wire.envelope import new_session_id
 from bargein.wire.names import TIER_REASONING
 from bargein.wire.session_info import SessionInfo
@@ -38,6 +39,8 @@ class LocalSession(Caller):
         options: dict[str, Any] | None = None,
         report_delivery: bool = True,
         report_playback: bool = False,
+        voice: Voice | None = None,
+        loudspeaker: Loudspeaker | None = None,
     ) -> None:
         self.broker = MemoryBroker()
         super().__init__(
@@ -46,6 +49,8 @@ class LocalSession(Caller):
             report_delivery=report_delivery,
             report_playback=report_playback,
             settle=self._settle,
+            voice=voice,
+            loudspeaker=loudspeaker,
         )
         self.agent = agent
         self.options = dict(options or {})

@@ -8,6 +8,11 @@ publishes the user's turn events; the agent runs in the real session runtime
 (:class:`~bargein.testing.LocalSession`, which also plays the client edge: fence, delivery
 reports). Nothing is simulated: only the broker is the in-memory one.
 
+The agent's answers are spoken as the edge speaks them (``BARGEIN_TTS``, eSpeak NG by default) and
+played at real time into the caller's ear; what the caller heard is what was played, to the word,
+and the whole conversation is saved as a WAV (``bargein-demo.wav`` in the working directory: the
+caller left, the agent right), where the cut is audible.
+
 It prints the same timeline as ``bargein call`` (:class:`~bargein.tools.call.CallTimeline`): the user's
 speech starting and stopping (heard on an edge queue, as the broadcast service hears them), the
 agent's answer streaming, the barge-in with the time from the barge-in audio to the turn's
@@ -40,7 +45,10 @@ from bargein.agent.events import (
     AgentResponse,
     AudioFrame,
     Event,
+    FalseInterruption,
     UserBackchannel,
+    UserOnsetDismissed,
+    UserSpeechOnset,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -50,7 +58,14 @@ from bargein.agent.nodes import ReasoningNode
 from bargein.hosting.host import SessionHost
 from bargein.hosting.loader import load_agent
 from bargein.runtime.agents import Agent
-from bargein.settings import CoreSettings, LLMSettings, SpeechSettings, TranscriptionSettings, load
+from bargein.settings import (
+    CoreSettings,
+    LLMSettings,
+    SpeechSettings,
+    TranscriptionSettings,
+    VoiceSettings,
+    load,
+)
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.session import SpeechSessions
 from bargein.speech.transcriber import engine_name, transcriber_from_settings
@@ -66,8 +81,11 @@ from bargein.tools.call import (
     frames_of,
     read_wav,
 )
+from bargein.tools.earpiece import Earpiece
 from bargein.tools.timeline import TimelineLogHandler
 from bargein.transport.memory import MemoryTransport
+from bargein.voice.engines import synthesizer_from_settings
+from bargein.voice.speaker import Voice
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, TIER_SPEECH
 
@@ -80,8 +98,17 @@ DEMO_WORDS_PER_S = "10"  # scripted replies of 30-40 words last 3-4 s: the barge
 class _EdgeSession(LocalSession):
     """A :class:`LocalSession` that says when the edge moves its fence (the in-process ``clear``)."""
 
-    def __init__(self, agent: Agent, *, on_interrupt: Callable[[int], None], session_id: str) -> None:
-        super().__init__(agent, session_id=session_id, report_playback=True)  # as the edge does
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        on_interrupt: Callable[[int], None],
+        session_id: str,
+        voice: Voice | None = None,
+        ear: Earpiece | None = None,
+    ) -> None:
+        # as the edge does: it tells the speech tier when the agent speaks, and speaks it
+        super().__init__(agent, session_id=session_id, report_playback=True, voice=voice, loudspeaker=ear)
         self._on_interrupt = on_interrupt
 
     async def _on_output(self, envelope: Envelope, event: Event) -> None:
@@ -92,8 +119,10 @@ class _EdgeSession(LocalSession):
 
 
 class _AudioDemo:
-    def __init__(self, tl: CallTimeline) -> None:
+    def __init__(self, tl: CallTimeline, ear: Earpiece | None = None) -> None:
         self.tl = tl
+        self.ear = ear
+        self.session: LocalSession | None = None
         self.runs = SpeechRuns()
         self.detected_at: float | None = None
         self.streaming: int | None = None
@@ -114,9 +143,25 @@ class _AudioDemo:
     async def on_caller_event(self, envelope: Envelope, event: Event) -> None:
         """The edge queue: the speech tier's turn events for the session (and its output, ignored
         here: :class:`LocalSession` consumes that)."""
+        session = self.session
+        if isinstance(event, UserSpeechOnset) and session is not None:
+            if await session.soft_pause():
+                onset = self.runs.onset(time.monotonic())
+                after = (
+                    ""
+                    if onset is None
+                    else f" {(time.monotonic() - onset) * 1000:.0f} ms after the barge-in audio"
+                )
+                self.tl.entry("pause", "edge", f"⏸ the agent's voice paused{after}")
+            return
+        verdict = UserOnsetDismissed | UserBackchannel | UserStoppedSpeaking | FalseInterruption
+        if isinstance(event, verdict) and session is not None and session.soft_resume():
+            self.tl.entry("resume", "edge", "▶ it was not a barge-in: the agent's voice goes on")
         if isinstance(event, UserStartedSpeaking):
             self.detected_at = time.monotonic()
             self.tl.entry("user_started_speaking", "user", "▸ starts speaking")
+            if session is not None and UserStartedSpeaking.type_name() in session.policy:
+                await session.barge_in()  # the voice of an answer already written stops too
         elif isinstance(event, UserStoppedSpeaking):
             self.tl.entry("user_stopped_speaking", "user", "▸ stops speaking")
         elif isinstance(event, UserTranscriptionReceived) and envelope.source == Source.SPEECH:
@@ -157,6 +202,8 @@ class _AudioDemo:
             nonlocal seq
             await asyncio.sleep(max(0.0, start + seq * FRAME_MS / 1000 - time.monotonic()))
             self.runs.sent(frame, time.monotonic())
+            if self.ear is not None:
+                self.ear.said(frame, time.monotonic())
             await transport.publish(
                 Envelope.wrap(session_id, AudioFrame(data=frame), seq=seq, source="user"), IN
             )
@@ -170,7 +217,8 @@ class _AudioDemo:
         silence = bytes(FRAME_BYTES)
         while time.monotonic() - done_at < MAX_AFTER_S:
             quiet = time.monotonic() - self.last_activity >= LISTEN_AFTER_S
-            if self.streaming is None and quiet:
+            speaking = self.session is not None and self.session.agent_audible
+            if self.streaming is None and quiet and not speaking:
                 return
             await send(silence)
 
@@ -183,9 +231,11 @@ async def run_audio_demo(
     err: TextIO = sys.stderr,
     json_lines: bool = False,
     show_history: bool = True,
+    save_audio: Path | None = None,
 ) -> int:
     """Feed ``wav`` (default: the two-utterance fixture) through in-process speech detection into
-    the agent ``agent_spec`` (default ``BARGEIN_AGENT``); the exit code."""
+    the agent ``agent_spec`` (default ``BARGEIN_AGENT``); the exit code. With ``save_audio`` the
+    agent is heard (``BARGEIN_TTS``) and the conversation saved there as a WAV."""
     core = load(CoreSettings)
     load(LLMSettings)
     speech_settings = load(SpeechSettings)
@@ -196,8 +246,12 @@ async def run_audio_demo(
         return exc.exit_code
     spec = agent_spec or core.agent
     agent = load_agent(spec)
-    tl = CallTimeline(out, json_lines=json_lines)
-    demo = _AudioDemo(tl)
+    t0 = time.monotonic()
+    tl = CallTimeline(out, json_lines=json_lines, t0=t0)
+    synthesizer = synthesizer_from_settings(load(VoiceSettings)) if save_audio is not None else None
+    ear = Earpiece(t0) if synthesizer is not None else None
+    voice = Voice(synthesizer, name="demo-audio") if synthesizer is not None else None
+    demo = _AudioDemo(tl, ear)
     if not json_lines:  # the agent's and the runtime's log lines, folded in (the interrupt handler)
         handler = TimelineLogHandler(tl.timeline)
         for name in ("agent", "bargein.runtime"):
@@ -210,7 +264,10 @@ async def run_audio_demo(
     )
     stt = load(TranscriptionSettings)
     transcriber = transcriber_from_settings(stt)
-    async with _EdgeSession(agent, on_interrupt=demo.on_interrupt, session_id="demo-audio") as session:
+    async with _EdgeSession(
+        agent, on_interrupt=demo.on_interrupt, session_id="demo-audio", voice=voice, ear=ear
+    ) as session:
+        demo.session = session
         transport = MemoryTransport(session.broker)
         speech = SessionHost(
             transport,
@@ -239,6 +296,16 @@ async def run_audio_demo(
             await speech.close_all()
             await tap.cancel()
             await batcher.close()
+        if ear is not None and save_audio is not None:
+            ear.advance(time.monotonic())
+            seconds = ear.save(save_audio)
+            tl.entry(
+                "audio_saved",
+                "system",
+                f"the call as the caller heard it ({seconds:.1f} s; caller left, agent right): {save_audio}",
+                path=str(save_audio),
+                seconds=round(seconds, 2),
+            )
         if show_history:
             tl.entry("note", "system", "the history the model sees on the next turn:", message="history")
             for node in session.nodes:
@@ -250,13 +317,22 @@ async def run_audio_demo(
     return 0
 
 
-def main(wav: Path | None = None, agent_spec: str | None = None, *, json_lines: bool = False) -> int:
+DEMO_AUDIO = Path("bargein-demo.wav")  # in the working directory
+
+
+def main(
+    wav: Path | None = None,
+    agent_spec: str | None = None,
+    *,
+    json_lines: bool = False,
+    save_audio: Path | None = DEMO_AUDIO,
+) -> int:
     """``bargein demo`` on the audio path. With the scripted LLM the agent's words are paced at
     ``DEMO_WORDS_PER_S`` unless ``BARGEIN_SCRIPTED_TOKENS_PER_S`` says otherwise, so the fixture's
     second utterance lands while the answer is still streaming."""
     if not os.environ.get("BARGEIN_LLM_BASE_URL"):
         os.environ.setdefault("BARGEIN_SCRIPTED_TOKENS_PER_S", DEMO_WORDS_PER_S)
     try:
-        return asyncio.run(run_audio_demo(wav, agent_spec, json_lines=json_lines))
+        return asyncio.run(run_audio_demo(wav, agent_spec, json_lines=json_lines, save_audio=save_audio))
     except KeyboardInterrupt:
         return 130
