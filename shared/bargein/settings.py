@@ -148,7 +148,7 @@ class SpeechSettings(_Base):
         description="Words and phrases that never cut the agent off (comma-separated).",
     )
     soft_pause_ms: float = Field(
-        default=64,
+        default=32,
         ge=0,
         description="While the agent speaks, speech this long pauses its audio (0: no soft barge-in).",
     )

@@ -11,19 +11,22 @@ stream a microphone at real time and play what they hear.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH, AgentResponse
 from bargein.runtime import snapshot
 from bargein.tools.audio_caller import AudioCaller
-from bargein.tools.call import read_wav
+from bargein.tools.call import read_wav, run_call
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING
 from tests.client import connect, create_session, recv
@@ -212,3 +215,28 @@ async def test_a_real_interruption_pauses_the_voice_then_clears_it(stack: str) -
     assert pause.at - started < 1.0, pause.at - started  # silence long before the barge-in is decided
     assert not caller.frames("resume")
     assert caller.audio_after(clear.at) == 0 or caller.frames("turn_complete", after=clear.at)
+
+
+# --- bargein call --save-audio --------------------------------------------------------------------
+
+
+async def test_bargein_call_hears_the_agent_and_saves_the_call(stack: str, tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    wav = tmp_path / "call.wav"
+    words = "alpha bravo charlie delta echo"
+    options = {"agent": "tests.integration.agents:probe", "say": words, "word_delay": 0.005}
+    code = await run_call(
+        stack, None, "go", json_lines=True, out=out, err=err, listen_after_s=1.0, agent_options=options,
+        save_audio=wav,
+    )  # fmt: skip
+    assert code == 0, err.getvalue()
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    session_id = next(r["session_id"] for r in records if r["event"] == "session")
+    with wave.open(str(wav)) as saved:
+        assert (saved.getnchannels(), saved.getframerate()) == (2, SAMPLE_RATE)
+        both = np.frombuffer(saved.readframes(saved.getnframes()), dtype="<i2").reshape(-1, 2)
+    agent = np.abs(both[:, 1].astype(int))
+    frames = agent[: len(agent) // 320 * 320].reshape(-1, 320)  # 20 ms each
+    voiced = frames.max(axis=1) > 500
+    assert 1.0 < voiced.sum() / 50 < 6.0  # the answer's voice, as played, at real time
+    assert session_id and not [r for r in records if r["event"] == "error"]

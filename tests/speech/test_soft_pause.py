@@ -5,7 +5,7 @@ ends and lets it go on (``UserOnsetDismissed``, ``UserBackchannel``)."""
 from __future__ import annotations
 
 from bargein.agent.events import UserOnsetDismissed
-from bargein.speech.turns import TurnConfig, TurnPolicy
+from bargein.speech.turns import SOFT_RELEASE_MS, TurnConfig, TurnPolicy
 
 HI, LO = 0.9, 0.05
 W = 32.0
@@ -34,12 +34,26 @@ def test_the_first_stretch_of_speech_pauses_the_agent_before_the_barge_in() -> N
     assert barge_at - onset_at >= 250 - 64 - W
 
 
-def test_a_cough_pauses_and_is_dismissed() -> None:
-    policy = policy_for(soft_pause_ms=64, min_interruption_ms=250)
+def test_a_cough_pauses_and_is_dismissed_soon_after_it_ends() -> None:
+    policy = policy_for(soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500)
     events = timeline(policy, [LO] * 3 + [HI] * n(128) + [LO] * n(600))
     assert [name for name, _ in events] == ["UserSpeechOnset", "UserOnsetDismissed"]
     dismissed = policy.emissions[-1].event
     assert isinstance(dismissed, UserOnsetDismissed) and dismissed.outcome == "short"
+    cough_end = 3 * W + 128
+    assert events[1][1] - cough_end == SOFT_RELEASE_MS  # not min_silence_ms (500) later
+
+
+def test_voice_coming_back_pauses_the_agent_again_and_may_barge_in() -> None:
+    policy = policy_for(soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500)
+    events = timeline(policy, [HI] * n(96) + [LO] * n(224) + [HI] * n(2000) + [LO] * n(600))
+    assert [name for name, _ in events] == [
+        "UserSpeechOnset",  # the first syllable
+        "UserOnsetDismissed",  # a gap: the agent goes on
+        "UserSpeechOnset",  # the voice comes back in the same burst: paused again
+        "UserStartedSpeaking",  # and it is a barge-in
+        "UserStoppedSpeaking",
+    ]
 
 
 def test_a_held_burst_with_no_words_is_dismissed_and_one_with_a_backchannel_ends_as_one() -> None:
@@ -65,7 +79,7 @@ def test_no_pause_when_the_agent_is_silent_or_the_soft_barge_in_is_off() -> None
     assert "UserSpeechOnset" not in [name for name, _ in timeline(off, [HI] * n(400) + [LO] * n(600))]
 
 
-def test_one_pause_per_burst() -> None:
+def test_a_gap_between_syllables_keeps_the_pause() -> None:
     policy = policy_for(soft_pause_ms=64, min_silence_ms=500)
-    events = timeline(policy, [HI] * n(100) + [LO] * n(200) + [HI] * n(100) + [LO] * n(600))
-    assert [name for name, _ in events].count("UserSpeechOnset") == 1
+    events = timeline(policy, [HI] * n(100) + [LO] * n(96) + [HI] * n(100) + [LO] * n(600))
+    assert [name for name, _ in events] == ["UserSpeechOnset", "UserOnsetDismissed"]

@@ -25,7 +25,10 @@ The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridabl
 * While the agent is speaking, a burst that holds ``soft_pause_ms`` of voiced windows (before it is
   a barge-in) emits :class:`UserSpeechOnset`: the client edge pauses the agent's audio at once (the
   soft barge-in). If the burst then ends without cutting the agent off, it emits
-  :class:`UserOnsetDismissed` (or :class:`UserBackchannel` for words), and the audio resumes.
+  :class:`UserOnsetDismissed` (or :class:`UserBackchannel` for words), and the audio resumes; a
+  burst still too short to be a barge-in (a click, a cough) lets it go on after
+  ``SOFT_RELEASE_MS`` of quiet, without waiting for ``min_silence_ms`` (it pauses it again if the
+  voice comes back).
 * When a burst that emitted :class:`UserStartedSpeaking` ends, the policy emits
   :class:`UserStoppedSpeaking`, except when the burst lasted at most
   ``false_interruption_timeout_ms`` and no transcript arrived for it: then it emits
@@ -70,6 +73,7 @@ from bargein.speech.vad import WINDOW_MS
 
 __all__ = ["TURN_TAKING_OPTION", "Emission", "State", "TurnConfig", "TurnPolicy", "TurnTakingError"]
 
+SOFT_RELEASE_MS = 160  # a paused burst too short to be a barge-in, quiet this long, lets the agent go on
 HYSTERESIS = 0.15  # Silero's recommended gap between the onset and the offset threshold
 MIN_OFFSET_THRESHOLD = 0.01
 HISTORY = 256
@@ -240,6 +244,9 @@ class TurnPolicy:
             return out
         if self._silence_start_ms is None:
             self._silence_start_ms = start_ms
+        if self._releases(end_ms):  # a click, a cough: the agent goes on without waiting for the end
+            self._paused = False
+            out.append(self._emit(UserOnsetDismissed(outcome="short"), end_ms, self._silence_start_ms))
         if end_ms - self._silence_start_ms >= self.config.min_silence_ms:
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
@@ -252,6 +259,17 @@ class TurnPolicy:
             and self.config.soft_pause_ms > 0
             and self.state in (State.PENDING, State.HELD)
             and self._voiced_ms >= self.config.soft_pause_ms
+        )
+
+    def _releases(self, end_ms: float) -> bool:
+        """Whether a burst that paused the agent and is still too short to be a barge-in has been
+        quiet long enough (``SOFT_RELEASE_MS``) to let the agent go on. If the voice comes back the
+        agent is paused again."""
+        return (
+            self._paused
+            and self.state is State.PENDING
+            and self._silence_start_ms is not None
+            and end_ms - self._silence_start_ms >= SOFT_RELEASE_MS
         )
 
     def holds(self) -> bool:

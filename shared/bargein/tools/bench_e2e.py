@@ -31,8 +31,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from bargein.agent.events import SAMPLE_RATE
-from bargein.settings import BrokerSettings, VoiceSettings, load
+from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH
+from bargein.agent.words import content_words
+from bargein.settings import DEFAULT_BACKCHANNELS, BrokerSettings, VoiceSettings, load
 from bargein.tools.audio_caller import AudioCaller, Said
 from bargein.tools.benchkit import (
     BenchError,
@@ -47,6 +48,7 @@ from bargein.tools.benchkit import (
     summarize,
     verdict,
 )
+from bargein.tools.call import ONSET_DBFS, frame_dbfs
 from bargein.voice.engines import Synthesizer
 from bargein.voice.espeak import EspeakSynthesizer
 from bargein.voice.openai_tts import OpenAISynthesizer
@@ -86,10 +88,16 @@ class Round:
     heard: str | None = None  # what speech-to-text made of it (a user_transcript frame), if anything
 
 
+ONSET_BLOCK = SAMPLE_RATE // 100 * SAMPLE_WIDTH  # 10 ms
+
+
 async def utterance(engine: Synthesizer, text: str) -> Utterance:
+    """``text`` in the callers' voice; its onset is where it first gets loud (-40 dBFS), as a
+    listener would hear the caller begin."""
     speech = await engine.synthesize(text, voice=CALLER_VOICE)
-    onset = speech.words[0].sample / SAMPLE_RATE if speech.words else 0.0
-    return Utterance(speech.pcm, onset)
+    blocks = range(0, len(speech.pcm), ONSET_BLOCK)
+    first = next((i for i in blocks if frame_dbfs(speech.pcm[i : i + ONSET_BLOCK]) >= ONSET_DBFS), 0)
+    return Utterance(speech.pcm, first / SAMPLE_WIDTH / SAMPLE_RATE)
 
 
 def _stopped_at(caller: AudioCaller, after: float) -> float | None:
@@ -129,8 +137,18 @@ async def _quiet(caller: AudioCaller, for_s: float = 0.5) -> None:
 
 
 class _E2EBench:
-    def __init__(self, *, callers: int, rounds: int, rabbitmq_url: str, redis_url: str, out: TextIO) -> None:
+    def __init__(
+        self,
+        *,
+        callers: int,
+        rounds: int,
+        soft_pause_ms: float | None,
+        rabbitmq_url: str,
+        redis_url: str,
+        out: TextIO,
+    ) -> None:
         self.n_callers = callers
+        self.soft_pause_ms = soft_pause_ms
         self.n_rounds = rounds
         self.rabbitmq_url = rabbitmq_url
         self.redis_url = redis_url
@@ -144,7 +162,8 @@ class _E2EBench:
     async def one_caller(self, index: int, client: httpx.AsyncClient) -> list[Round]:
         assert self.edge is not None
         rng = random.Random(index)
-        created = (await client.post(f"{self.edge.url}/v1/sessions", json={})).json()
+        body = {} if self.soft_pause_ms is None else {"turn_taking": {"soft_pause_ms": self.soft_pause_ms}}
+        created = (await client.post(f"{self.edge.url}/v1/sessions", json=body)).json()
         self.session_ids.append(created["session_id"])
         rounds: list[Round] = []
         async with AudioCaller.joined(created["ws_url"], created["token"]) as caller:
@@ -215,7 +234,11 @@ class _E2EBench:
         say(self.out, text)
 
     async def run(self) -> dict[str, Any]:
-        self.say(f"bench e2e: {self.n_callers} callers, {self.n_rounds} rounds each, over the agent's voice")
+        pause = "the default" if self.soft_pause_ms is None else f"{self.soft_pause_ms:g} ms"
+        self.say(
+            f"bench e2e: {self.n_callers} callers, {self.n_rounds} rounds each, over the agent's voice"
+            f" (soft pause after {pause} of voice)"
+        )
         try:
             await start_service(self.processes, "reasoning", "reasoning", self.env)
             await start_service(self.processes, "speech", "speech", self.env)
@@ -241,6 +264,9 @@ class _E2EBench:
         stops = sorted(r.stop_s for r in rounds if r.stop_s is not None)
         latencies = [s for r in rounds for s in r.turn_latency_s]
         false_cuts = sum(r.false_cut for r in rounds)
+        # a cut the words explain: speech-to-text heard more than a backchannel (its mistake, not
+        # the soft barge-in's: the pause itself never cuts anything off)
+        misheard = [r for r in rounds if r.false_cut and content_words(r.heard, DEFAULT_BACKCHANNELS)]
         per_100 = 100 * false_cuts / max(len(rounds), 1)
         stop = summarize(stops) if stops else None
         met = stop is not None and stop["p50_ms"] <= STOP_TARGET_MS
@@ -257,7 +283,8 @@ class _E2EBench:
             f"  end of the caller's speech → first agent audio: p50 {turn['p50_ms']:.0f} ms,"
             f" p95 {percentile(sorted(s * 1000 for s in latencies), 95):.0f} ms",
             f"  false cuts: {false_cuts} of {len(rounds)} backchannels ({per_100:.0f} per 100;"
-            f" target 0: {verdict(false_cuts == 0)})",
+            f" target 0: {verdict(false_cuts == 0)}); {len(misheard)} of them where speech-to-text"
+            f" heard words: {sorted({f'{r.backchannel!r} as {r.heard!r}' for r in misheard})}",
             f"  backchannels that paused the agent and resumed it: {resumed}",
         ]
         for name, numbers in engines.items():
@@ -277,6 +304,7 @@ class _E2EBench:
             "turn_latency": turn,
             "false_cuts": false_cuts,
             "false_cuts_per_100": per_100,
+            "false_cuts_misheard": len(misheard),
             "resumed": resumed,
             "engines": engines,
         }
@@ -285,6 +313,7 @@ class _E2EBench:
 async def run_e2e_bench(
     callers: int = 2,
     rounds: int = 5,
+    soft_pause_ms: float | None = None,
     rabbitmq_url: str | None = None,
     redis_url: str | None = None,
     out: TextIO | None = None,
@@ -296,6 +325,7 @@ async def run_e2e_bench(
     bench = _E2EBench(
         callers=callers,
         rounds=rounds,
+        soft_pause_ms=soft_pause_ms,
         rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
         redis_url=redis_url or broker.redis_url,
         out=out if out is not None else sys.stdout,
@@ -303,6 +333,6 @@ async def run_e2e_bench(
     return await bench.run()
 
 
-def e2e_main(callers: int = 2, rounds: int = 5) -> int:
+def e2e_main(callers: int = 2, rounds: int = 5, soft_pause_ms: float | None = None) -> int:
     """``bargein bench e2e``: run the bench, print the report."""
-    return run_main(lambda: run_e2e_bench(callers, rounds), "e2e")
+    return run_main(lambda: run_e2e_bench(callers, rounds, soft_pause_ms), "e2e")

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import math
+import shutil
 import sys
 import time
 import wave
@@ -94,6 +95,13 @@ HTTP_TIMEOUT_S = 10.0
 EXIT_OK = 0
 EXIT_FAILED = 1  # the edge could not be reached, refused the session or broke the connection
 EXIT_USAGE = 2  # a bad argument or input file (argparse uses 2 as well)
+
+
+# what plays raw 16 kHz PCM16 on this machine's loudspeaker, in order of preference
+PLAYERS = (
+    ("play", ["-q", "-t", "raw", "-r", "16000", "-e", "signed-integer", "-b", "16", "-c", "1", "-"]),
+    ("aplay", ["-q", "-t", "raw", "-f", "S16_LE", "-r", "16000", "-c", "1"]),
+)
 
 
 class CallError(Exception):
@@ -323,6 +331,47 @@ async def create_session(
     return joined, token
 
 
+class Loudspeaker:
+    """This machine's loudspeaker (``--play``): the agent's voice as the earpiece plays it, piped to
+    sox's ``play`` or ALSA's ``aplay``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.fed = 0  # bytes of the earpiece's agent channel handed over so far
+
+    @classmethod
+    async def open(cls) -> Loudspeaker:
+        for name, args in PLAYERS:
+            path = shutil.which(name)
+            if path is not None:
+                proc = await asyncio.create_subprocess_exec(
+                    path, *args, stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+                )
+                return cls(proc)
+        names = " or ".join(name for name, _ in PLAYERS)
+        raise CallError(
+            f"--play needs {names} on the PATH (apt-get install sox); --save-audio needs nothing", EXIT_USAGE
+        )
+
+    async def feed(self, ear: Earpiece) -> None:
+        """Hand over what the earpiece has played since the last call."""
+        pcm = bytes(ear.agent[self.fed :])
+        self.fed += len(pcm)
+        if pcm and self.proc.stdin is not None and self.proc.returncode is None:
+            with contextlib.suppress(ConnectionError):
+                self.proc.stdin.write(pcm)
+                await self.proc.stdin.drain()
+
+    async def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        with contextlib.suppress(TimeoutError, ProcessLookupError):
+            async with asyncio.timeout(5):
+                await self.proc.wait()
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
 class Call:
     """One call: the WebSocket, the input being sent, and the timeline of what comes back."""
 
@@ -337,9 +386,11 @@ class Call:
         listen_after_s: float,
         barge_in_after: int | None,
         earpiece: Earpiece | None = None,
+        loudspeaker: Loudspeaker | None = None,
     ) -> None:
         self.ws = ws
         self.tl = timeline
+        self.loudspeaker = loudspeaker
         self.earpiece = earpiece  # the agent's audio is played (and recorded) here, if any
         self.reports: list[tuple[int, int]] = []  # audio marks played, to report
         self.audio = audio
@@ -387,6 +438,8 @@ class Call:
             await asyncio.sleep(FRAME_MS / 1000)
             self.reports += self.earpiece.advance(time.monotonic())
             await self.report_played()
+            if self.loudspeaker is not None:
+                await self.loudspeaker.feed(self.earpiece)
 
     async def report_played(self) -> None:
         reports, self.reports = self.reports, []
@@ -648,6 +701,7 @@ async def run_call(
     err: TextIO = sys.stderr,
     t0: float | None = None,
     save_audio: Path | None = None,
+    play: bool = False,
 ) -> int:
     """Run one call against the edge at ``url`` (``http://host:port``); the exit code.
 
@@ -670,6 +724,7 @@ async def run_call(
             agent_options=agent_options,
             turn_taking=turn_taking,
             save_audio=save_audio,
+            play=play,
         )
     except CallError as exc:
         print(f"bargein call: {exc}", file=err, flush=True)
@@ -688,9 +743,11 @@ async def _call(
     agent_options: dict[str, Any] | None,
     turn_taking: dict[str, Any] | None,
     save_audio: Path | None = None,
+    play: bool = False,
 ) -> int:
+    loudspeaker = await Loudspeaker.open() if play else None
     joined, token = await create_session(base, agent_options=agent_options, turn_taking=turn_taking)
-    earpiece = Earpiece(time.monotonic()) if save_audio is not None else None
+    earpiece = Earpiece(time.monotonic()) if save_audio is not None or play else None
     tl.entry(
         "session", "system", f"session {joined.session_id} at {base}", session_id=joined.session_id, url=base
     )
@@ -706,6 +763,7 @@ async def _call(
                 listen_after_s=listen_after_s,
                 barge_in_after=barge_in_after,
                 earpiece=earpiece,
+                loudspeaker=loudspeaker,
             )
             with contextlib.suppress(ConnectionClosed):
                 await call.run()
@@ -713,6 +771,8 @@ async def _call(
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         raise CallError(f"cannot open the session's WebSocket {joined.ws_url}: {exc}") from None
     finally:
+        if loudspeaker is not None:
+            await loudspeaker.close()
         if earpiece is not None and save_audio is not None:
             earpiece.advance(time.monotonic())
             seconds = earpiece.save(save_audio)
@@ -738,6 +798,7 @@ def main(
     agent_options: dict[str, Any] | None = None,
     turn_taking: dict[str, Any] | None = None,
     save_audio: Path | None = None,
+    play: bool = False,
 ) -> int:
     """``bargein call``: the synchronous entry point the CLI calls."""
     try:
@@ -752,6 +813,7 @@ def main(
                 agent_options=agent_options,
                 turn_taking=turn_taking,
                 save_audio=save_audio,
+                play=play,
             )
         )
     except KeyboardInterrupt:

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WAV",
         help="hear the agent's voice and save the call as played (stereo: you left, the agent right)",
     )
+    call.add_argument(
+        "--play", action="store_true", help="play the agent's voice on this machine (sox's play, or aplay)"
+    )
 
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
     sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
@@ -119,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e2e.add_argument("--callers", type=_positive, default=2, help="callers at once (default 2)")
     e2e.add_argument("--rounds", type=_positive, default=5, help="rounds per caller (default 5)")
+    e2e.add_argument(
+        "--soft-pause-ms", type=float, metavar="MS", help="the sessions' soft_pause_ms (default: the setting)"
+    )
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 agent_options=args.agent_options,
                 turn_taking=args.turn_taking,
                 save_audio=args.save_audio,
+                play=args.play,
             )
         if args.command == "reasoning":
             from bargein.hosting.service import main as service_main
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
-            return e2e_main(args.callers, args.rounds)
+            return e2e_main(args.callers, args.rounds, args.soft_pause_ms)
         if args.command == "bench" and args.bench == "vad":
             from bargein.tools.bench_vad import main as vad_main
 

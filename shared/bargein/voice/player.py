@@ -168,7 +168,8 @@ class Player:
         return self._marks.get(turn, {}).get(mark)
 
     def pause(self, now: float) -> list[Output]:
-        out = self.tick(now)
+        """Stop the clock and the sending now; what the clock says was heard until now."""
+        out = self._advance(now)
         self.paused = True
         return out
 
@@ -178,8 +179,8 @@ class Player:
 
     def clear(self, turn: int, now: float) -> list[Output]:
         """Drop ``turn`` and everything before it: what the caller has not played of it is gone.
-        Returns what the clock says was heard until now."""
-        out = self.tick(now)
+        Returns what the clock says was heard until now (and sends nothing more of it)."""
+        out = self._advance(now)
         self._cleared = max(self._cleared, turn)
         self._clips = collections.deque(c for c in self._clips if c.turn > turn)
         self._boundaries = collections.deque(b for b in self._boundaries if b.turn > turn)
@@ -202,7 +203,19 @@ class Player:
         self._turn_end = {turn: at + by for turn, at in self._turn_end.items()}
 
     def tick(self, now: float) -> list[Output]:
-        """Advance the clock to ``now`` (seconds, monotonic): what to send, and what was heard."""
+        """Advance the clock to ``now`` (seconds, monotonic): what was heard, and what to send."""
+        out = self._advance(now)
+        if self.paused:
+            return out
+        while self._clips and self.sent - self.played < self.lead:
+            out.extend(self._send_frame())
+        done = self._done()
+        if done is not None:
+            out.append(done)
+        return out
+
+    def _advance(self, now: float) -> list[Output]:
+        """The clock to ``now``: what the caller has heard by then (nothing is sent)."""
         out: list[Output] = []
         if self._last_tick is not None and not self.paused:
             self.played = min(float(self.sent), self.played + (now - self._last_tick) * SAMPLE_RATE)
@@ -212,13 +225,6 @@ class Player:
             heard = self._boundaries.popleft()
         if heard is not None:
             out.append(Heard(heard.turn, heard.seq, heard.chars))
-        if self.paused:
-            return out
-        while self._clips and self.sent - self.played < self.lead:
-            out.extend(self._send_frame())
-        done = self._done()
-        if done is not None:
-            out.append(done)
         return out
 
     def _send_frame(self) -> list[Output]:
