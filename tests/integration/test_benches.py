@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from bargein.tools.bench_e2e import run_e2e_bench
 from bargein.tools.bench_failover import damage, run_failover_bench
 from bargein.tools.bench_sessions import run_sessions_bench
 from bargein.tools.bench_throughput import run_throughput_bench
@@ -72,6 +73,17 @@ async def test_failover_bench_runs_and_reports(rabbitmq_url: str, redis_url: str
     assert (result["repeated"], result["missing"]) == (0, 0), report
     assert result["clean"] is True
     assert "kill → first resumed chunk" in report and "repeated 0, missing 0" in report
+
+
+async def test_e2e_bench_runs_and_reports(rabbitmq_url: str, redis_url: str) -> None:
+    out = io.StringIO()
+    result = await run_e2e_bench(callers=1, rounds=1, rabbitmq_url=rabbitmq_url, redis_url=redis_url, out=out)
+    report = out.getvalue()
+    assert result["rounds"] == 1, report
+    assert result["turn_latency"]["count"] >= 1 and result["turn_latency"]["p50_ms"] > 0, report
+    assert result["engines"]["espeak"]["p50_ms"] > 0
+    assert "agent's audio stopped" in report or result["false_cuts"] == 1, report  # cut, or no barge-in said
+    assert "false cuts" in report and "first agent audio" in report
 
 
 async def test_sessions_bench_runs_and_reports(rabbitmq_url: str, redis_url: str) -> None:

@@ -27,6 +27,8 @@ from bargein.line.events import (
 )
 from bargein.line.routes import RouteState
 from bargein.testing import LocalSession
+from bargein.voice.espeak import EspeakSynthesizer
+from bargein.voice.speaker import Voice
 
 from . import Speaker, ask, chunks, line_agent, text_of, wait_for
 
@@ -295,6 +297,47 @@ async def test_agent_speech_sent_tells_a_line_agent_what_the_caller_was_sent() -
     ]
     assert committed[1].content == "alpha beta gamma delta epsilon zeta"  # type: ignore[attr-defined]
     assert committed[3].content == heard.rstrip()  # type: ignore[attr-defined]  # Line commits to the last word
+
+
+async def test_with_the_agents_voice_agent_speech_sent_is_what_was_played_to_the_word() -> None:
+    """A caller who hears the agent (the in-process edge with a voice): the answer's text is complete
+    at once, its voice takes seconds; cut off a second in, the agent is told exactly the words played."""
+    nodes: list[Speaker] = []
+    said = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
+
+    def build(system: VoiceAgentSystem) -> None:
+        node = Speaker(words=said, delay=0.001)
+        bridge = Bridge(node)
+        bridge.on(UserTranscriptionReceived).map(node.add_event)
+        bridge.on(AgentSpeechSent).map(node.add_event)
+        (
+            bridge.on(UserStoppedSpeaking)
+            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
+            .stream(node.generate)
+            .broadcast()
+        )
+        system.with_speaking_node(node, bridge)
+        nodes.append(node)
+
+    voice = Voice(EspeakSynthesizer())
+    async with LocalSession(line_agent(build), voice=voice) as session:
+        await ask(session, "first")
+        assert text_of(await session.collect_turn()) == said  # all of the text: the voice has just begun
+        await wait_for(lambda: voice.player.played >= 1.2 * 16_000, timeout=10)
+        await session.emit(UserStartedSpeaking())
+        await session.barge_in()  # the caller talks over the voice of a finished answer
+        node = nodes[0]
+
+        def spoken() -> str:
+            return "".join(e.content for e in node.conversation_events if isinstance(e, AgentSpeechSent))
+
+        await wait_for(lambda: bool(spoken()))
+        await asyncio.sleep(0.3)
+        heard = spoken()
+        committed = ConversationContext(node.conversation_events, "").get_committed_events()
+    words = heard.split()
+    assert 1 <= len(words) < len(said.split()) and heard.strip() == " ".join(said.split()[: len(words)])
+    assert committed[-1].content == heard.strip()  # type: ignore[attr-defined]
 
 
 async def test_a_debouncing_map_sees_the_next_key_press_while_it_waits() -> None:
