@@ -45,6 +45,10 @@ class CoreSettings(_Base):
         default=256 * 1024, ge=1024, le=16 * 1024 * 1024, description="Largest envelope accepted."
     )
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)$")
+    log_format: Literal["auto", "text", "json"] = Field(
+        default="auto",
+        description="Log lines: json (an object a line), text, or auto: json unless on a terminal.",
+    )
     trace_exporter: Literal["none", "console", "otlp"] = Field(
         default="none", description="Where OpenTelemetry spans go: nowhere, stdout, or an OTLP collector."
     )
@@ -94,7 +98,15 @@ class BrokerSettings(_Base):
     mailbox_expiry_s: int = Field(default=3600, ge=10, description="An unused mailbox is deleted after this.")
     max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")
     adopt_interval_s: float = Field(default=1.0, gt=0, description="How often a worker looks for orphans.")
-    status_interval_s: float = Field(default=1.0, gt=0, description="How often a service logs its status.")
+    status_interval_s: float = Field(
+        default=30.0, gt=0, description="How often a service logs its status line (every second at DEBUG)."
+    )
+    probe_host: str = Field(
+        default="127.0.0.1", description="Where a worker serves /healthz, /readyz, /metrics."
+    )
+    probe_port: int = Field(
+        default=0, ge=0, le=65535, description="... and on which port (0: a free one, logged at start-up)."
+    )
     audio_mailbox_frames: int = Field(
         default=500, ge=10, description="Audio frames a speech mailbox holds before dropping the oldest."
     )

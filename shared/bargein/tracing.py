@@ -13,6 +13,7 @@ configured provider OpenTelemetry's API is a no-op, and injection writes nothing
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,6 +24,18 @@ from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind
 from bargein.settings import CoreSettings
 
 tracer = trace.get_tracer("bargein")
+
+
+# The session and the turn the code running now works for, for log lines (bargein.hosting.logs):
+# set by the session runtime in its tasks and around each event it handles.
+SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("bargein_session", default=None)
+TURN: contextvars.ContextVar[int | None] = contextvars.ContextVar("bargein_turn", default=None)
+
+
+def trace_id() -> str | None:
+    """The current span's trace id (hex), if tracing is on and a span is current."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
 
 
 def active() -> bool:
@@ -63,6 +76,21 @@ def span(
         set_status_on_exception=False,
     ) as current:
         yield current
+
+
+def start_span(name: str, **attributes: Any) -> Span | None:
+    """A child of the current span that is not made current (for work that spans an async
+    generator's yields, where a current span would leak into the consumer); end it yourself."""
+    if not active():
+        return None
+    return tracer.start_span(name, attributes={f"bargein.{k}": v for k, v in attributes.items()})
+
+
+def link_current_to(target: Span | None) -> None:
+    """Link the current span (an interrupt's dispatch) to ``target`` (the turn it cuts off)."""
+    current = trace.get_current_span()
+    if target is not None and current.get_span_context().is_valid:
+        current.add_link(target.get_span_context(), {"bargein.link": "interrupted"})
 
 
 def context_of(carrier: Mapping[str, str]) -> Context:

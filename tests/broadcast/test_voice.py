@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -41,7 +42,9 @@ LEAD_S = 0.2  # BARGEIN_AUDIO_LEAD_MS's default
 
 
 @pytest.fixture(scope="module")
-def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(
+    rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Cluster]]:
     reset_shared_queues(rabbitmq_url, redis_url)
     env = cluster_env(
         rabbitmq_url,
@@ -55,7 +58,12 @@ def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFa
         edge = cluster.start("services.broadcast", ready="edge ready on")
         match = re.search(r"edge ready on (http://\S+)", edge.log())
         assert match
-        yield match.group(1)
+        yield match.group(1), cluster
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: tuple[str, Cluster]) -> str:
+    return cluster[0]
 
 
 async def speaking_session(base: str, words: str = ALPHABET, **body: Any) -> dict[str, Any]:
@@ -240,3 +248,49 @@ async def test_bargein_call_hears_the_agent_and_saves_the_call(stack: str, tmp_p
     voiced = frames.max(axis=1) > 500
     assert 1.0 < voiced.sum() / 50 < 6.0  # the answer's voice, as played, at real time
     assert session_id and not [r for r in records if r["event"] == "error"]
+
+
+# --- operations: every service's metrics and probes ----------------------------------------------
+
+
+def probe_url(service: Any) -> str:
+    match = re.search(r"health and metrics on (http://[^\s\"']+)", service.log())
+    assert match, service.log()[-2000:]
+    return match.group(1)
+
+
+def sample(text: str, name: str) -> float:
+    """The value of one metric sample in Prometheus' text format (0 if absent)."""
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+async def test_every_service_serves_probes_and_metrics_and_a_barge_in_fills_the_interrupt_histograms(
+    cluster: tuple[str, Cluster],
+) -> None:
+    url, services = cluster
+    reasoning, speech = (p for p in services.processes if not p.name.startswith("broadcast"))
+    session = await create_session(
+        url, agent_options={"agent": "tests.integration.agents:probe", "tail": 40, "word_delay": 0.2}
+    )
+    async with AudioCaller.joined(session["ws_url"], session["token"], reports=False) as caller:
+        await caller.text("go")
+        await caller.wait_for("agent_chunk")
+        await asyncio.sleep(0.5)  # the answer streams: its generation is running
+        await caller.interrupt()
+        await caller.wait_for("clear")
+        await asyncio.sleep(0.5)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for service in (reasoning, speech):
+            base = probe_url(service)
+            assert (await http.get(f"{base}/healthz")).json() == {"status": "ok"}
+            assert (await http.get(f"{base}/readyz")).json() == {"status": "ready"}
+        agent = (await http.get(f"{probe_url(reasoning)}/metrics")).text
+        vad = (await http.get(f"{probe_url(speech)}/metrics")).text
+        edge = (await http.get(f"{url}/metrics")).text
+    assert sample(agent, "bargein_interrupt_to_cancel_seconds_count") >= 1, agent
+    assert sample(agent, "bargein_turn_to_first_chunk_seconds_count") >= 1
+    assert sample(edge, "bargein_interrupt_to_clear_seconds_count") >= 1, edge
+    assert 'bargein_events_total{event="clears",service="edge"}' in edge
+    assert sample(vad, "bargein_vad_batch_sessions_count") > 0  # the caller's microphone went through it
+    assert 'bargein_sessions{tier="speech"}' in vad and 'bargein_sessions{tier="reasoning"}' in agent

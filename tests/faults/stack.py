@@ -37,6 +37,7 @@ def product_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
         BARGEIN_REDIS_URL=redis_url,
         BARGEIN_AGENT="tests.integration.agents:by_option",
         BARGEIN_STATUS_INTERVAL_S="5",
+        BARGEIN_LOG_FORMAT="text",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

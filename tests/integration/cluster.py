@@ -113,6 +113,7 @@ def cluster_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
         BARGEIN_LEASE_TTL_MS="1500",
         BARGEIN_ADOPT_INTERVAL_S="0.3",
         BARGEIN_STATUS_INTERVAL_S="5",
+        BARGEIN_LOG_FORMAT="text",  # read by the tests, and by people when one fails
         BARGEIN_MAX_MESSAGE_BYTES="65536",
         BARGEIN_DRAIN_TIMEOUT_S="0",  # hand running turns over at once: the tests check the resume
         BARGEIN_SCRIPTED_FIRST_TOKEN_MS="5",

@@ -11,11 +11,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bargein import UserStartedSpeaking, UserStoppedSpeaking
+from bargein.agent.llm import OpenAICompatibleLLM
 from bargein.testing import LocalSession
 from bargein.tracing import context_of, tracer
 
 from ..agents import interruptible_agent
 from .helpers import take_chunks, wait_for
+from .test_llm import FakeOpenAIServer, server  # noqa: F401  (the fixture)
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -72,6 +74,23 @@ async def test_an_interrupted_turn_says_so_in_its_span() -> None:
     (turn,) = spans("turn 1")
     assert turn.attributes is not None and turn.attributes["bargein.interrupted_by"] == "UserStartedSpeaking"
     assert [e.name for e in turn.events] == ["interrupted"]
+    # the barge-in's own trace (its dispatch) links to the turn it cut off
+    (barge,) = spans("dispatch UserStartedSpeaking")
+    assert turn.context is not None
+    assert [link.context.span_id for link in barge.links] == [turn.context.span_id]
+
+
+async def test_the_llm_request_has_a_span_with_its_time_to_first_token(
+    server: FakeOpenAIServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    llm = OpenAICompatibleLLM(base_url=server.base_url, api_key="k", model="m", max_retries=0)
+    with tracer.start_as_current_span("turn"):
+        chunks = [c.text async for c in llm.generate_stream([{"role": "user", "content": "hi"}])]
+    await llm.aclose()
+    assert "".join(chunks)
+    (request,) = spans("llm request")
+    assert request.attributes is not None and request.attributes["bargein.model"] == "m"
+    assert float(request.attributes["bargein.first_token_ms"]) >= 0
 
 
 async def test_a_caller_event_without_a_trace_starts_one_at_the_owner() -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self, cast
@@ -37,6 +38,7 @@ from typing import Protocol, Self, cast
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from bargein import metrics, tracing
 from bargein.errors import BargeinError
 from bargein.settings import LLMSettings, load
 
@@ -206,6 +208,9 @@ class OpenAICompatibleLLM:
         )
 
     async def generate_stream(self, messages: Messages) -> AsyncGenerator[Chunk, None]:
+        asked = time.monotonic()
+        first = True
+        span = tracing.start_span("llm request", model=self.model, messages=len(messages))
         try:
             stream = await self._client.chat.completions.create(
                 model=self.model,
@@ -213,8 +218,12 @@ class OpenAICompatibleLLM:
                 stream=True,
                 temperature=openai.omit if self.temperature is None else self.temperature,
             )
-        except openai.OpenAIError as exc:
-            raise self._error(exc) from exc
+        except BaseException as exc:
+            if span is not None:
+                span.end()
+            if isinstance(exc, openai.OpenAIError):
+                raise self._error(exc) from exc
+            raise
         # However this generator ends (finished, cancelled mid-read, or closed by the caller at a
         # yield), the response is closed, dropping the connection so the server stops generating.
         try:
@@ -224,11 +233,19 @@ class OpenAICompatibleLLM:
                 delta = getattr(event.choices[0], "delta", None) if event.choices else None
                 text = getattr(delta, "content", None)
                 if isinstance(text, str) and text:
+                    if first:
+                        first = False
+                        waited = time.monotonic() - asked
+                        metrics.LLM_FIRST_TOKEN.observe(waited)
+                        if span is not None:
+                            span.set_attribute("bargein.first_token_ms", round(waited * 1000, 1))
                     yield Chunk(text=text)
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
         finally:
             await stream.close()
+            if span is not None:  # also when the turn was cut off: it shows how far the request got
+                span.end()
 
     async def aclose(self) -> None:
         """Close the underlying HTTP client and its pooled connections."""

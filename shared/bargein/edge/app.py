@@ -20,12 +20,13 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from bargein import tracing
+from bargein import metrics, tracing
 from bargein.edge.core import Connection, Edge
 from bargein.edge.protocol import (
     AUDIO_FORMATS,
     ErrorCode,
     ErrorFrame,
+    Played,
     ProtocolError,
     SessionRequest,
     frame_json,
@@ -169,6 +170,9 @@ def create_app(
             except ProtocolError as exc:
                 edge.count(f"bad_{exc.code}")
                 return exc.frame()
+            if isinstance(message, Played):  # a report a word: counted, not a span each
+                edge.count("played_reports")
+                return await edge.client_message(connection, message)
             with tracing.span(
                 f"client {message.type}", kind=SpanKind.SERVER, session=connection.session.session_id
             ):
@@ -181,6 +185,9 @@ def create_app(
     async def info(request: Request) -> Response:
         """What a client may offer its user: the agent's voices, whether replies are scripted."""
         return JSONResponse(about or {})
+
+    async def scrape(request: Request) -> Response:
+        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -201,6 +208,7 @@ def create_app(
         Route("/", index),
         Route("/healthz", healthz),
         Route("/v1/info", info),
+        Route("/metrics", scrape),
         Route("/readyz", readyz),
         Route("/v1/sessions", create_session, methods=["POST"]),
         WebSocketRoute("/v1/sessions/{session_id}/ws", session_socket),

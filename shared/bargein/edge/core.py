@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from starlette.websockets import WebSocket
 
+from bargein import metrics
 from bargein.agent.events import (
     SAMPLE_WIDTH,
     AgentError,
@@ -89,6 +90,7 @@ from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.load import LoopLag
 from bargein.hosting.sessions import create_session, forget_session
+from bargein.metrics import Counted
 from bargein.settings import BroadcastSettings, VoiceSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
 from bargein.voice import player
@@ -119,6 +121,7 @@ CLOSE_GOING_AWAY = 1001
 HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sent before it joined)
 IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
 BACKLOG_INTERVAL_S = 0.5
+HOUSEKEEPING_S = 5.0  # how often sessions with no connections here are looked at
 
 
 AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
@@ -296,6 +299,7 @@ class EdgeSession:
         self.voice: Voice | None = None  # the agent's voice, once a connection wants audio
         self.paused_since: float | None = None  # a soft barge-in holds the voice since then
         self._audio_turn = 0  # the turn whose audio went out last
+        self.turn_ended_at: float | None = None  # the caller's last turn ended then (monotonic)
         self._last_seq: dict[int, int] = {}  # per recent turn, the last chunk sent
 
     def broadcast(self, frame: Frame) -> None:
@@ -325,10 +329,12 @@ class EdgeSession:
         if not self.connections:
             self.idle_since = time.monotonic()
 
-    def clear(self, turn: int, why: str) -> None:
-        """Cut ``turn`` off for every connection now."""
+    def clear(self, turn: int, why: str, since: float | None = None) -> None:
+        """Cut ``turn`` off for every connection now (``since``: when the barge-in was published)."""
         if turn <= 0 or not self.fence.interrupt(turn):
             return
+        if since is not None:
+            metrics.INTERRUPT_TO_CLEAR.observe(metrics.since(since))
         self.edge.count("clears")
         dropped = 0
         for connection in self.connections:
@@ -389,6 +395,9 @@ class EdgeSession:
             if isinstance(out, player.Audio):
                 if out.turn != self._audio_turn:
                     self._audio_turn = out.turn
+                    if self.turn_ended_at is not None:  # the answer's first sound
+                        metrics.TURN_TO_FIRST_AUDIO.observe(time.monotonic() - self.turn_ended_at)
+                        self.turn_ended_at = None
                 self.tell_speech(self.playback.sent(out.turn, self._last_seq.get(out.turn, 0)))
                 for connection in listeners:
                     connection.send(AudioOut(out.turn, out.pcm))
@@ -410,10 +419,11 @@ class EdgeSession:
             return
         self.delivered(turn, *position)
 
-    def soft_pause(self, now: float) -> None:
-        """The caller may be starting to speak: silence the agent now, and wait for the verdict."""
+    def soft_pause(self, now: float) -> bool:
+        """The caller may be starting to speak: silence the agent now, and wait for the verdict.
+        Whether its voice was playing (and is now paused)."""
         if self.voice is None or self.paused_since is not None or not self.voice.player.playing:
-            return
+            return False
         self.voice_outputs(self.voice.pause(now))
         self.paused_since = now
         self.edge.count("soft_pauses")
@@ -421,6 +431,7 @@ class EdgeSession:
             if connection.audio is not None:
                 connection.outbox.put_first(Pause(turn=self._audio_turn))
         log.info("session %s: the caller may be speaking; the agent's voice is paused", self.session_id)
+        return True
 
     def soft_resume(self, now: float, why: str) -> None:
         """It was not a barge-in: the agent's voice goes on where it paused."""
@@ -464,7 +475,9 @@ class Edge:
         overload_lag_ms: float = 500.0,
         synthesizer: Synthesizer | None = None,
         voice_settings: VoiceSettings | None = None,
+        status_interval_s: float = 30.0,
     ) -> None:
+        self.status_interval_s = status_interval_s  # the status line (BARGEIN_STATUS_INTERVAL_S)
         self.transport = transport
         self.store = store
         self.settings = settings
@@ -475,7 +488,7 @@ class Edge:
         self.load = LoopLag(overload_lag_ms, name=f"edge {owner}")
         self.backlog = 0  # chunks waiting for this process in the broker, as last asked
         self.sessions: dict[str, EdgeSession] = {}
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("edge")
         self.queue: EdgeQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -547,6 +560,7 @@ class Edge:
         session = self.sessions.get(session_id)
         if session is None:
             session = self.sessions[session_id] = EdgeSession(self, session_id)
+            metrics.SESSIONS.labels("edge").set(len(self.sessions))
             assert self.queue is not None
             await self.queue.add_session(session_id)
         return session
@@ -606,6 +620,7 @@ class Edge:
 
     async def _forget(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
+        metrics.SESSIONS.labels("edge").set(len(self.sessions))
         if session is not None and session.voice is not None:
             await session.voice.aclose()
         if session is not None and self.queue is not None:
@@ -641,7 +656,8 @@ class Edge:
         elif isinstance(event, TurnInterrupted):
             session.clear(event.turn, "the agent's turn was interrupted")
         elif isinstance(event, UserSpeechOnset):
-            session.soft_pause(time.monotonic())
+            if session.soft_pause(time.monotonic()):
+                metrics.ONSET_TO_PAUSE.observe(metrics.since(envelope.ts))
         elif isinstance(event, UserOnsetDismissed):
             session.soft_resume(time.monotonic(), f"the burst was {event.outcome}")
         elif isinstance(event, UserStartedSpeaking):
@@ -649,9 +665,10 @@ class Edge:
                 session.broadcast(SpeakingStarted())
             cut = session.cuttable()
             if UserStartedSpeaking.type_name() in session.policy and cut:
-                session.clear(cut, "the caller started speaking")
+                session.clear(cut, "the caller started speaking", since=envelope.ts)
         elif isinstance(event, UserStoppedSpeaking):
             session.broadcast(SpeakingStopped())
+            session.turn_ended_at = time.monotonic()
             session.soft_resume(time.monotonic(), "the caller's turn did not cut the agent off")
         elif isinstance(event, FalseInterruption):  # the burst ended without being a turn
             session.broadcast(SpeakingStopped(false_interruption=True))
@@ -805,7 +822,7 @@ class Edge:
             await self._publish(sid, UserStartedSpeaking(), source=Source.STOP_BUTTON)
             cut = session.cuttable()
             if cut:
-                session.clear(cut, "the caller pressed stop")
+                session.clear(cut, "the caller pressed stop", since=time.time())
         elif isinstance(message, KeyPress):
             await self._publish(sid, DTMFInputEvent(button=message.button))
         elif isinstance(message, End):
@@ -848,6 +865,7 @@ class Edge:
                 continue
             try:
                 self.backlog = await self.queue.backlog()
+                metrics.QUEUE_BACKLOG.set(self.backlog)
             except Exception as exc:  # the broker is away: readiness says so already
                 log.debug("cannot ask for the backlog: %s", exc)
                 continue
@@ -859,12 +877,16 @@ class Edge:
                     log.info("edge %s caught up (%d chunks wait)", self.owner, self.backlog)
 
     async def _housekeeping(self) -> None:
+        said = time.monotonic()
         while True:
-            await asyncio.sleep(5)
+            await asyncio.sleep(HOUSEKEEPING_S)
             now = time.monotonic()
             for session in list(self.sessions.values()):
                 if session.idle_since is not None and now - session.idle_since > IDLE_FORGET_S:
                     await self._forget(session.session_id)
+            if now - said < self.status_interval_s:
+                continue
+            said = now
             log.info(
                 "edge %s: %d sessions, %d connections, backlog %d, loop lag %.0f ms, %s",
                 self.owner,

@@ -59,6 +59,7 @@ async def serve(
         overload_lag_ms=broker.overload_lag_ms,
         synthesizer=synthesizer,
         voice_settings=voice,
+        status_interval_s=broker.status_interval_s,
     )
 
     async def ready() -> list[str]:
@@ -131,7 +132,7 @@ def main() -> int:
     edge_settings = load(BroadcastSettings)
     speech = load(SpeechSettings)
     voice = load(VoiceSettings)
-    configure_logging(core.log_level)
+    configure_logging(core.log_level, core.log_format)
     tracing.configure(core, service_name="bargein-broadcast")
     with contextlib.suppress(ImportError):
         import uvloop

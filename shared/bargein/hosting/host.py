@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from bargein import metrics
 from bargein.agent.events import AgentError, EndCall
 from bargein.errors import AgentFailedToStart, BargeinError, SessionRejected
 from bargein.hosting.sessions import forget_session
@@ -166,6 +167,7 @@ class SessionHost:
         runtime.liveness = self.heartbeat
         owned = _Owned(info, runtime, _NoSubscription())
         self.sessions[sid] = owned  # its lease is renewed from now on
+        metrics.SESSIONS.labels(self.tier).set(len(self.sessions))
         self._ensure_renewer()
         try:
             await runtime.start()
@@ -230,6 +232,7 @@ class SessionHost:
 
     async def close(self, session_id: str, *, release: bool = True, checkpoint: bool = True) -> None:
         owned = self.sessions.pop(session_id, None)
+        metrics.SESSIONS.labels(self.tier).set(len(self.sessions))
         if owned is None:
             return
         await owned.subscription.cancel()
@@ -244,6 +247,7 @@ class SessionHost:
         """Drop the session as a crashed process would: nothing acknowledged, checkpointed or
         released (used by tests to simulate a kill)."""
         owned = self.sessions.pop(session_id, None)
+        metrics.SESSIONS.labels(self.tier).set(len(self.sessions))
         if owned is None:
             return
         await owned.subscription.cancel()

@@ -20,6 +20,7 @@ from bargein.errors import SettingsError
 from bargein.hosting.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
 from bargein.hosting.loader import load_agent
 from bargein.hosting.logs import configure_logging
+from bargein.hosting.probes import Probes
 from bargein.hosting.worker import Worker
 from bargein.settings import BrokerSettings, CoreSettings, LLMSettings, load
 from bargein.transport.amqp import AmqpTransport
@@ -61,11 +62,28 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         liveness_ttl_ms=broker.liveness_ttl_ms,
         overload_lag_ms=broker.overload_lag_ms,
     )
+
+    async def ready() -> list[str]:
+        problems = []
+        if not transport.connected:
+            problems.append("rabbitmq")
+        try:
+            await store.redis.ping()
+        except Exception:
+            problems.append("redis")
+        if not worker.consuming:
+            problems.append("consumer")
+        if worker.load.overloaded:
+            problems.append("overloaded")
+        return problems
+
+    probes = Probes(ready, host=broker.probe_host, port=broker.probe_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        await probes.start()
         await worker.start()
         # Move everything start-up allocated out of the collector's way: a full collection over
         # the libraries' objects is a pause of many milliseconds, felt as a late interrupt.
@@ -76,6 +94,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         log.info("%s service stopping: draining sessions", tier)
         await worker.drain()
     finally:
+        await probes.stop()
         with contextlib.suppress(Exception):
             await store.close()
         with contextlib.suppress(Exception):
@@ -96,7 +115,7 @@ def _main(tier: Tier, build: FactoryBuilder) -> int:
     core = load(CoreSettings)
     broker = load(BrokerSettings)
     load(LLMSettings)  # fail now on a bad LLM setting, not in the first turn
-    configure_logging(core.log_level)
+    configure_logging(core.log_level, core.log_format)
     tracing.configure(core, service_name=f"bargein-{tier}")
     try:
         import uvloop

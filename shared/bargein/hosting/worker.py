@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from bargein import metrics
 from bargein.errors import EnvelopeError, SessionRejected
 from bargein.hosting.host import SessionHost, SessionTaken
 from bargein.hosting.load import LoopLag
@@ -52,6 +53,11 @@ class Worker:
     @property
     def room(self) -> int:
         return 0 if self.draining else self.max_sessions - len(self.host.sessions)
+
+    @property
+    def consuming(self) -> bool:
+        """It takes session starts (between start and drain)."""
+        return self._starts is not None and not self.draining
 
     @property
     def takes_new_sessions(self) -> bool:
@@ -111,6 +117,7 @@ class Worker:
                 await self.host.store.unregister_session(self.host.tier, session_id)
                 continue
             taken += 1
+            metrics.count(self.host.tier, "adopted_orphans")
             log.info("adopted session %s (epoch %d)", session_id, runtime.epoch)
         self.adopted += taken
         return taken
@@ -139,6 +146,7 @@ class Worker:
                     await store.unregister_session(tier, session_id)
                     continue
                 taken += 1
+                metrics.count(tier, "took_over_from_dead_workers")
                 log.info("took over session %s from %s, which stopped answering", session_id, dead)
             if not await store.owned_sessions(tier, dead):
                 await store.forget_worker(tier, dead)

@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from opentelemetry.trace import Span
 from pydantic import BaseModel
 
-from bargein import tracing
+from bargein import metrics, tracing
 from bargein.agent.calling import call_flexible, close_generator
 from bargein.agent.events import AgentError, Event, register_model
 from bargein.agent.message import Message
@@ -184,6 +184,8 @@ class TurnRun:
 
         async def body() -> None:
             set_current_run(self)
+            tracing.SESSION.set(self.host.session_id)  # this task's own context: its log lines
+            tracing.TURN.set(self.turn)
             with tracing.span(
                 f"turn {self.turn}", self.trigger.trace, session=self.host.session_id, turn=self.turn or 0
             ) as span:
@@ -215,6 +217,7 @@ class TurnRun:
         if self.span is not None:
             self.span.set_attribute("bargein.interrupted_by", type(message.event).__name__)
             self.span.add_event("interrupted", {"bargein.delivered_chars": len(self.delivered_text())})
+            tracing.link_current_to(self.span)  # the interrupt's own trace points at the turn it cut
         if not self.generating.is_set():
             # Cut off before it reached its generator (a resumed turn, just restarted): the caller
             # is told at once, and the cancel lands in the generator, which records what was heard.
@@ -228,6 +231,7 @@ class TurnRun:
         # Let the turn's task take its CancelledError before we spend time on the notice and the
         # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
         await asyncio.sleep(0)
+        metrics.INTERRUPT_TO_CANCEL.observe(metrics.since(message.timestamp))
         await self.host.turn_interrupted(self)
 
 

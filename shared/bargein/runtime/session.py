@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from bargein import tracing
+from bargein import metrics, tracing
 from bargein.agent.events import (
     CALLER_EVENTS,
     AgentGenerationComplete,
@@ -50,6 +50,7 @@ from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
 from bargein.errors import AgentFailedToStart, NotOwner, SessionRejected, StaleEpochError, UnroutableError
+from bargein.metrics import Counted
 from bargein.runtime import snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
@@ -93,7 +94,7 @@ class SessionRuntime(SessionProcessor):
         self.agent_session = AgentSession([])
         self.executors: list[RouteExecutor] = []
         self.ledger = DeliveryLedger(session.edge_reports_delivery)
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("reasoning")
         self.last_turn = 0
         self.next_index = 0  # dispatch order, across the session's owners (checkpointed)
         self.initial_message_sent = False
@@ -246,6 +247,13 @@ class SessionRuntime(SessionProcessor):
             self.count("not_owner")  # thawed after a pause, say: another process may own it now
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         message = message_of(envelope, event)
+        bound = tracing.SESSION.set(self.session_id)
+        try:
+            await self._handle(envelope, event, message)
+        finally:
+            tracing.SESSION.reset(bound)
+
+    async def _handle(self, envelope: Envelope, event: Event, message: Message) -> None:
         if isinstance(event, SpeechDelivered | HeardRecord):
             before = self.ledger.delivered_text(event.turn) if isinstance(event, SpeechDelivered) else ""
             if self._on_delivery_report(event):
@@ -373,6 +381,8 @@ class SessionRuntime(SessionProcessor):
                 self.ledger.published(turn, seq, event.content)
             await self.transport.publish(envelope, OUT)
             self.count("published")
+            if seq == 0 and not run.resumed:
+                metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
         else:
             self.count("background_outputs")  # heard by the session's bridges only
         # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bargein import metrics
+from bargein.metrics import Counted
 from bargein.speech.vad import (
     PCM16_SCALE,
     WINDOW_BYTES,
@@ -88,7 +90,7 @@ class VadBatcher:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("vad")
         self.max_seen_batch = 0
         self.inference_cpu_s = 0.0  # CPU time of the inference thread (model + stacking)
         self._window: collections.Counter[str] = collections.Counter()
@@ -161,6 +163,8 @@ class VadBatcher:
         return probabilities, time.thread_time() - started
 
     def _account(self, size: int, cpu_s: float) -> None:
+        metrics.VAD_BATCH_SESSIONS.observe(size)
+        metrics.VAD_TICK_SECONDS.observe(cpu_s)
         self._window_cpu_s += cpu_s
         self.counters["calls"] += 1
         self.counters["windows"] += size

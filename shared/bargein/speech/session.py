@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bargein import tracing
+from bargein import metrics, tracing
 from bargein.agent.events import (
     SAMPLE_RATE,
     AgentPlayback,
@@ -47,6 +47,7 @@ from bargein.agent.events import (
 from bargein.agent.message import Source
 from bargein.errors import NotOwner, TranscriberBehind
 from bargein.hosting.host import Ownership, ProcessorFactory
+from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
@@ -93,7 +94,7 @@ class SpeechSession(SessionProcessor):
         self.settings = settings
         self.batcher = batcher
         self.transcriber: Transcriber = transcriber or NullTranscriber()
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("speech")
         self.policy = TurnPolicy(TurnConfig.from_settings(settings))
         self.closed = False
         self._seq = itertools.count()
@@ -106,6 +107,7 @@ class SpeechSession(SessionProcessor):
         self._behind_reported = -math.inf
         # turn audio, kept only when a transcriber can use it
         self._keep_audio = not isinstance(self.transcriber, NullTranscriber)
+        self.engine = type(self.transcriber).__name__.removesuffix("Transcriber").lower() or "none"
         self._unfed: collections.deque[bytes] = collections.deque()  # windows awaiting their probability
         self._pre_roll: collections.deque[bytes] = collections.deque(maxlen=PRE_ROLL_WINDOWS)
         self._turn_audio: list[bytes] = []
@@ -335,9 +337,11 @@ class SpeechSession(SessionProcessor):
         """(text, failed): the engine's words for ``audio``; a failure is logged and counted, and
         never loses the turn (the caller decides what happens without words)."""
         try:
+            started = time.monotonic()
             text = await self.transcriber.transcribe(
                 audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
             )
+            metrics.STT_SECONDS.labels(self.engine).observe(time.monotonic() - started)
         except (TranscriberBehind, TimeoutError) as exc:
             self.counters["stt_behind"] += 1
             log.warning("session %s: speech-to-text is behind (%s); judging by timing", self.session_id, exc)

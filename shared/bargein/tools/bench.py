@@ -230,6 +230,7 @@ class _InterruptBench:
     def _env(self, leftover_starts: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
+            BARGEIN_LOG_FORMAT="text",
             BARGEIN_AGENT=BENCH_AGENT,
             BARGEIN_RABBITMQ_URL=self.rabbitmq_url,
             BARGEIN_REDIS_URL=self.redis_url,

@@ -25,7 +25,7 @@ from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING, TIER_SPEECH, session_work_queue
 
 WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it consumes session starts
-EDGE_READY = re.compile(r"edge ready on (http://\S+)")
+EDGE_READY = re.compile(r"edge ready on (http://[^\s\"']+)")
 START_TIMEOUT_S = 60.0  # a child process must be ready within this (imports are slow on a busy box)
 STOP_TIMEOUT_S = 15.0  # SIGTERM → SIGKILL
 
@@ -206,6 +206,7 @@ def service_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
         BARGEIN_RABBITMQ_URL=rabbitmq_url,
         BARGEIN_REDIS_URL=redis_url,
         BARGEIN_LOG_LEVEL="INFO",
+        BARGEIN_LOG_FORMAT="text",  # the bench reads them, and shows them when a service fails
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

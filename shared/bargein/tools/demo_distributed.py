@@ -69,6 +69,7 @@ def _free_port() -> int:
 def _env(port: int, agent_spec: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(BARGEIN_HOST="127.0.0.1", BARGEIN_PORT=str(port), PYTHONUNBUFFERED="1")
+    env.setdefault("BARGEIN_LOG_FORMAT", "text")  # the services' logs are for people (--keep-logs)
     if agent_spec:
         env["BARGEIN_AGENT"] = agent_spec
     if not env.get("BARGEIN_LLM_BASE_URL"):

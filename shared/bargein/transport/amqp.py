@@ -48,6 +48,7 @@ from bargein.errors import (
     QueueFull,
     UnroutableError,
 )
+from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
@@ -186,7 +187,7 @@ class AmqpTransport(Transport):
         self.mailbox_expiry_ms = mailbox_expiry_ms
         self.audio_mailbox_frames = audio_mailbox_frames
         self.name = name
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("rabbitmq")
         self._connection: AbstractRobustConnection | None = None
         self._data: AbstractRobustChannel | None = None
         self._control: AbstractRobustChannel | None = None

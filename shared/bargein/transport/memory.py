@@ -30,6 +30,7 @@ from bargein.errors import (
     StaleEpochError,
     UnroutableError,
 )
+from bargein.metrics import Counted
 from bargein.transport.abc import (
     EdgeQueue,
     Handler,
@@ -126,7 +127,7 @@ class MemoryBroker:
         self.dead: list[DeadLetter] = []
         self.starts: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
         self.start_wakeup: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = Counted("memory")
         self._serial = itertools.count(1)
         self._last_serial = 0
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from bargein import metrics
 from bargein.voice.engines import Synthesizer
 from bargein.voice.phrases import Phrase, TurnText
 from bargein.voice.player import Output, Player
@@ -123,7 +124,10 @@ class Voice:
 
     async def _synthesize(self, text: str) -> Speech:
         try:
-            return await self.synthesizer.synthesize(text, voice=self.voice)
+            started = time.monotonic()
+            speech = await self.synthesizer.synthesize(text, voice=self.voice)
+            metrics.TTS_SECONDS.labels(self.synthesizer.name).observe(time.monotonic() - started)
+            return speech
         except ValueError as exc:  # the session's voice does not exist: the process's own then
             if self.voice is None:
                 return self._failed(exc)

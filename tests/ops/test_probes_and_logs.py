@@ -1,0 +1,89 @@
+"""A worker's probe server (/healthz, /readyz, /metrics) on a real port, and the log lines:
+JSON with the session, turn and trace they concern, or text on a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from bargein import metrics, tracing
+from bargein.hosting.logs import configure_logging
+from bargein.hosting.probes import Probes
+
+
+async def test_the_probes_answer_over_http() -> None:
+    problems: list[str] = []
+
+    async def ready() -> list[str]:
+        return list(problems)
+
+    probes = Probes(ready, port=0)
+    url = await probes.start()
+    try:
+        metrics.count("reasoning", "probe_test")
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+            assert (await http.get("/readyz")).status_code == 200
+            problems.append("rabbitmq")
+            answer = await http.get("/readyz")
+            assert answer.status_code == 503 and answer.json()["problems"] == ["rabbitmq"]
+            assert (await http.get("/healthz")).status_code == 200  # alive, whatever the broker
+            scraped = await http.get("/metrics")
+        assert scraped.headers["content-type"].startswith("text/plain")
+        assert 'bargein_events_total{event="probe_test",service="reasoning"} 1.0' in scraped.text
+        assert "bargein_interrupt_to_cancel_seconds_bucket" in scraped.text
+    finally:
+        await probes.stop()
+
+
+def test_counted_counters_are_exported_as_they_grow() -> None:
+    counters = metrics.Counted("edge")
+    counters["clears_probe"] += 2
+    counters["clears_probe"] += 1
+    assert counters["clears_probe"] == 3
+    assert metrics.EVENTS.labels("edge", "clears_probe")._value.get() == 3
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """configure_logging replaces the root logger's handlers: put pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def _capture(fmt: str, monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    configure_logging("INFO", fmt)
+    return stream
+
+
+def test_json_log_lines_carry_the_session_and_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _capture("json", monkeypatch)
+    session, turn = tracing.SESSION.set("s-123"), tracing.TURN.set(4)
+    logging.getLogger("bargein.test").info("turn %d cleared", 4)
+    tracing.SESSION.reset(session)
+    tracing.TURN.reset(turn)
+    logging.getLogger("bargein.test").warning("no session here")
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["message"] == "turn 4 cleared" and first["level"] == "INFO"
+    assert (first["session"], first["turn"], first["logger"]) == ("s-123", 4, "bargein.test")
+    assert first["time"].startswith("20")  # an ISO date and time
+    assert second["session"] is None and second["level"] == "WARNING"
+
+
+def test_auto_is_json_unless_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = _capture("auto", monkeypatch)  # a StringIO is no terminal
+    logging.getLogger("bargein.test").info("hello")
+    assert json.loads(stream.getvalue())["message"] == "hello"
+    stream = _capture("text", monkeypatch)
+    logging.getLogger("bargein.test").info("hello")
+    assert stream.getvalue().rstrip().endswith("INFO    bargein.test: hello")
