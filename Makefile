@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format fixtures clean
+.PHONY: install demo test lint format fixtures lock clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing bargein (first run only)"
@@ -38,6 +38,13 @@ format: $(STAMP)
 ## Regenerate the speech fixtures (needs espeak-ng and sox); the results are committed.
 fixtures: $(STAMP)
 	$(BIN)/python scripts/make_fixtures.py
+
+## Pin what the container image installs (requirements.lock), after a change to pyproject.toml.
+lock:
+	rm -rf .lock-venv && python3 -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet '.[stt]'
+	{ head -n 2 requirements.lock; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^bargein'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

