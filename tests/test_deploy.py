@@ -176,3 +176,22 @@ def test_the_dashboard_and_the_alerts_use_metrics_that_exist() -> None:
     for rule in alerts:
         assert {"alert", "expr", "labels", "annotations"} <= set(rule), rule
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
+
+
+def test_env_example_lists_every_setting() -> None:
+    listed = set(re.findall(r"^# (BARGEIN_\w+)=", (REPO / ".env.example").read_text(), re.M))
+    assert listed == all_variables(), (sorted(all_variables() - listed), sorted(listed - all_variables()))
+
+
+def test_the_observability_profile_is_whole() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    profiled = {n for n, s in compose["services"].items() if "observability" in s.get("profiles", [])}
+    assert profiled == {"otel-collector", "jaeger", "prometheus", "grafana"}
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (REPO / source).exists(), f"{source} is mounted but missing"
+    prometheus = yaml.safe_load((REPO / "deploy" / "observability" / "prometheus.yaml").read_text())
+    scraped = {c["names"][0] for job in prometheus["scrape_configs"] for c in job.get("dns_sd_configs", [])}
+    assert scraped == {"broadcast", "reasoning", "speech"}
