@@ -25,6 +25,9 @@ from bargein.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"
+OVERLAYS = ("overlays/dev", "overlays/prod")
+# custom resources: not in the Kubernetes schemas, checked here by hand (their operators validate them)
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "RabbitmqCluster"}
 
 
 def _subcommands() -> set[str]:
@@ -97,19 +100,21 @@ def test_the_lock_pins_every_dependency_as_pyproject_does() -> None:
 
 def _manifests() -> list[dict[str, Any]]:
     docs = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
         docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return docs
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == files
+@pytest.mark.parametrize("directory", ["base", *OVERLAYS])
+def test_each_kustomization_lists_every_manifest_beside_it(directory: str) -> None:
+    folder = K8S / directory
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
+    assert {r for r in kustomization["resources"] if not r.startswith("..")} == files
     for resource in kustomization["resources"]:
-        assert (K8S / resource).exists()
+        assert (folder / resource).exists()
 
 
 @pytest.mark.parametrize(
@@ -201,34 +206,57 @@ def test_the_observability_profile_is_whole() -> None:
 # --- Kubernetes, rendered as kubectl applies it -------------------------------------------------
 
 
-def _rendered(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+def _rendered(tmp_path: Path, overlay: str) -> tuple[Path, list[dict[str, Any]]]:
+    """``overlay`` as kubectl applies it; and a file of what the Kubernetes schemas know."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         message = "kubectl is not installed (its kustomize renders deploy/kubernetes)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message}; CI=true: the manifest checks must not be skipped")
         pytest.skip(message)
-    done = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S / overlay)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
+    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
     path = tmp_path / "rendered.yaml"
-    path.write_text(done.stdout)
-    return path, [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    path.write_text(yaml.safe_dump_all([d for d in docs if d["kind"] not in CRD_KINDS]))
+    return path, docs
 
 
-def test_the_rendered_manifests_pass_the_kubernetes_schemas(tmp_path: Path) -> None:
-    path, _ = _rendered(tmp_path)
+@pytest.mark.parametrize("overlay", [".", *OVERLAYS])
+def test_the_rendered_manifests_pass_the_kubernetes_schemas(tmp_path: Path, overlay: str) -> None:
+    path, docs = _rendered(tmp_path, overlay)
     validate = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
     assert validate, "kubernetes-validate is not installed (part of the dev extra)"
     done = subprocess.run(
         [validate, "--strict", "--quiet", str(path)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    for doc in docs:  # the custom resources, skipped by kind above
+        if doc["kind"] in CRD_KINDS:
+            assert doc["apiVersion"] and doc["metadata"]["name"] and doc["spec"], doc
 
 
-def test_the_bargein_pods_pass_the_production_policy(tmp_path: Path) -> None:
+def test_the_prod_overlay_scales_the_workers_and_runs_rabbitmq_as_a_cluster(tmp_path: Path) -> None:
+    _, docs = _rendered(tmp_path, "overlays/prod")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("ScaledObject", "reasoning"), ("ScaledObject", "speech"), ("ServiceMonitor", "bargein")} <= kinds
+    assert ("RabbitmqCluster", "rabbitmq") in kinds and ("StatefulSet", "rabbitmq") not in kinds
+    for scaled in (d for d in docs if d["kind"] == "ScaledObject"):
+        queues = {t["metadata"].get("queueName") for t in scaled["spec"]["triggers"]}
+        assert f"bargein.sessions.{scaled['metadata']['name']}" in queues  # the tier's session starts
+    monitored = {
+        d["metadata"]["name"] for d in docs if d["kind"] == "Service" and d["metadata"].get("labels")
+    }
+    assert {"broadcast", "reasoning-metrics", "speech-metrics"} <= monitored
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_bargein_pods_pass_the_production_policy(tmp_path: Path, overlay: str) -> None:
     """What a policy scan asks of every bargein Deployment: probes, limits, a PodDisruptionBudget,
     a non-root read-only hardened container, a pinned image, and a grace period longer than the drain."""
-    _, docs = _rendered(tmp_path)
+    _, docs = _rendered(tmp_path, overlay)
     deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "redis"]
     budgets = {
         d["spec"]["selector"]["matchLabels"]["app"] for d in docs if d["kind"] == "PodDisruptionBudget"
@@ -253,8 +281,11 @@ def test_the_bargein_pods_pass_the_production_policy(tmp_path: Path) -> None:
         assert "cpu" in limits and "memory" in limits, name
 
 
-def test_only_the_edge_takes_outside_traffic_and_secrets_hold_only_placeholders(tmp_path: Path) -> None:
-    _, docs = _rendered(tmp_path)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_edge_takes_outside_traffic_and_secrets_hold_only_placeholders(
+    tmp_path: Path, overlay: str
+) -> None:
+    _, docs = _rendered(tmp_path, overlay)
     policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
     assert policies["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     open_to_all = [
