@@ -302,3 +302,14 @@ def test_only_the_edge_takes_outside_traffic_and_secrets_hold_only_placeholders(
         if doc["kind"] == "Secret":
             for key, value in doc.get("stringData", {}).items():
                 assert "REPLACE" in value, f"{key}: a Secret in the repository holds a real-looking value"
+
+
+def test_compose_waits_only_on_healthchecks_that_exist() -> None:
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    bargein = [n for n, s in services.items() if "build" in s]
+    for name in bargein:
+        assert "healthcheck" in services[name], f"{name} has no healthcheck"
+        for needed, condition in services[name].get("depends_on", {}).items():
+            assert condition == {"condition": "service_healthy"}, (name, needed)
+            assert "healthcheck" in services[needed], f"{name} waits on {needed}, which has no healthcheck"
+    assert set(services["broadcast"]["depends_on"]) == {"rabbitmq", "redis", "reasoning", "speech"}
