@@ -70,14 +70,8 @@ async def test_in_process_audio_demo(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     delivered = "".join(r["text"] for r in records if r["event"] == "agent_chunk" and r["turn"] == 1)
     # the answer's text runs ahead of its voice: the caller heard less than the text that was sent
     assert assistant[0] and delivered.startswith(assistant[0]) and len(assistant[0]) < len(delivered)
-    assert delivered[len(assistant[0]) : len(assistant[0]) + 1] in (
-        "",
-        " ",
-        ",",
-        ".",
-        "!",
-        "?",
-    )  # a word's end
+    cut_inside_a_word = assistant[0][-1:].isalnum() and delivered[len(assistant[0]) :][:1].isalnum()
+    assert not cut_inside_a_word, (assistant[0], delivered)  # the cut falls at a word's end
     # the WAV: the caller on the left, the agent on the right; the agent falls silent at the barge-in
     with wave.open(str(wav)) as saved:
         assert (saved.getnchannels(), saved.getframerate()) == (2, 16_000)
