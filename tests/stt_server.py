@@ -9,12 +9,13 @@ from __future__ import annotations
 import email.parser
 import email.policy
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.loopback import Loopback
 
 
 @dataclass
@@ -50,7 +51,7 @@ def parse_form(content_type: str, body: bytes) -> tuple[dict[str, str], bytes, s
     return fields, data, filename
 
 
-class SttServer:
+class SttServer(Loopback):
     def __init__(self, answer: Callable[[bytes, dict[str, str]], Answer]) -> None:
         self.answer = answer
         self.uploads: list[Upload] = []
@@ -82,15 +83,4 @@ class SttServer:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> SttServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        Loopback.__init__(self, Handler)

@@ -7,13 +7,14 @@ matters is that its length follows the text. Every request is kept for tests to 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
+
+from tests.loopback import Loopback
 
 RATE = 24_000
 CHAR_S = 0.06
@@ -27,7 +28,7 @@ def speech_for(text: str) -> bytes:
 
 
 @dataclass
-class SpeechServer:
+class SpeechServer(Loopback):
     status: int = 200
     delay_s: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -69,15 +70,4 @@ class SpeechServer:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> SpeechServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        Loopback.__init__(self, Handler)

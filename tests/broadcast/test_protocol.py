@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,7 @@ def stack(
     with Cluster(env, Path(tmp_path_factory.mktemp("edge"))) as cluster:
         cluster.start()
         cluster.start()
-        edge = cluster.start("services.broadcast", ready="edge ready on")
-        match = re.search(r"edge ready on (http://\S+)", edge.log())
-        assert match
-        yield cluster, match.group(1)
+        yield cluster, cluster.start_edge()
 
 
 @pytest.fixture

@@ -55,10 +55,7 @@ def cluster(
     with Cluster(env, Path(tmp_path_factory.mktemp("voice"))) as cluster:
         cluster.start()
         cluster.start("services.speech")
-        edge = cluster.start("services.broadcast", ready="edge ready on")
-        match = re.search(r"edge ready on (http://\S+)", edge.log())
-        assert match
-        yield match.group(1), cluster
+        yield cluster.start_edge(), cluster
 
 
 @pytest.fixture(scope="module")

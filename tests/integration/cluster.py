@@ -15,6 +15,7 @@ from pathlib import Path
 import aio_pika
 import redis
 
+from bargein.tools.benchkit import EDGE_READY
 from bargein.wire.names import (
     DEAD_QUEUE,
     TIER_REASONING,
@@ -79,6 +80,13 @@ class Cluster:
                 raise RuntimeError(f"{name} did not start:\n{service.log()[-3000:]}")
             time.sleep(0.05)
         return service
+
+    def start_edge(self) -> str:
+        """``services.broadcast``, once it listens: its base URL (it logs where)."""
+        edge = self.start("services.broadcast", ready="edge ready on")
+        match = EDGE_READY.search(edge.log())
+        assert match, edge.log()[-2000:]
+        return match.group(1)
 
     def __enter__(self) -> Cluster:
         return self

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,10 +68,7 @@ def traced(
     with Cluster(env, Path(tmp_path_factory.mktemp("traces"))) as cluster:
         cluster.start()
         cluster.start("services.speech")
-        edge = cluster.start("services.broadcast", ready="edge ready on")
-        match = re.search(r"edge ready on (http://[^\s\"']+)", edge.log())
-        assert match
-        yield match.group(1), collector
+        yield cluster.start_edge(), collector
     collector.httpd.shutdown()
 
 

@@ -8,7 +8,7 @@ cases: each behaviour an agent depends on, and the places where bargein fixes Li
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -256,13 +256,12 @@ async def test_a_route_on_a_list_of_events_runs_once_per_event_in_process_and_on
     assert seen == ["DTMFInputEvent", "UserTranscriptionReceived"]
 
 
-async def test_agent_speech_sent_tells_a_line_agent_what_the_caller_was_sent() -> None:
-    # every Line example routes AgentSpeechSent into its history and builds its prompt from
-    # get_committed_events(); bargein's edge reports delivery, and the runtime turns it into this
-    nodes: list[Speaker] = []
+def committing_agent(nodes: list[Speaker], words: str, *, delay: float) -> Callable[[VoiceAgentSystem], None]:
+    """A Line agent as every Line example is: AgentSpeechSent into its history (what it commits to),
+    an interruptible answer of ``words``; each node built is appended to ``nodes``."""
 
     def build(system: VoiceAgentSystem) -> None:
-        node = Speaker(words="alpha beta gamma delta epsilon zeta", delay=0.03)
+        node = Speaker(words=words, delay=delay)
         bridge = Bridge(node)
         bridge.on(UserTranscriptionReceived).map(node.add_event)
         bridge.on(AgentSpeechSent).map(node.add_event)
@@ -274,6 +273,15 @@ async def test_agent_speech_sent_tells_a_line_agent_what_the_caller_was_sent() -
         )
         system.with_speaking_node(node, bridge)
         nodes.append(node)
+
+    return build
+
+
+async def test_agent_speech_sent_tells_a_line_agent_what_the_caller_was_sent() -> None:
+    # every Line example routes AgentSpeechSent into its history and builds its prompt from
+    # get_committed_events(); bargein's edge reports delivery, and the runtime turns it into this
+    nodes: list[Speaker] = []
+    build = committing_agent(nodes, "alpha beta gamma delta epsilon zeta", delay=0.03)
 
     async with LocalSession(line_agent(build)) as session:
         await ask(session, "first")
@@ -304,21 +312,7 @@ async def test_with_the_agents_voice_agent_speech_sent_is_what_was_played_to_the
     at once, its voice takes seconds; cut off a second in, the agent is told exactly the words played."""
     nodes: list[Speaker] = []
     said = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
-
-    def build(system: VoiceAgentSystem) -> None:
-        node = Speaker(words=said, delay=0.001)
-        bridge = Bridge(node)
-        bridge.on(UserTranscriptionReceived).map(node.add_event)
-        bridge.on(AgentSpeechSent).map(node.add_event)
-        (
-            bridge.on(UserStoppedSpeaking)
-            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
-            .stream(node.generate)
-            .broadcast()
-        )
-        system.with_speaking_node(node, bridge)
-        nodes.append(node)
-
+    build = committing_agent(nodes, said, delay=0.001)
     voice = Voice(EspeakSynthesizer())
     async with LocalSession(line_agent(build), voice=voice) as session:
         await ask(session, "first")

@@ -16,7 +16,7 @@ from bargein.edge.protocol import AUDIO_FORMATS
 from bargein.edge.tokens import Tokens
 from bargein.hosting.host import default_owner_id
 from bargein.hosting.logs import configure_logging
-from bargein.hosting.probes import Probes
+from bargein.hosting.probes import Probes, readiness
 from bargein.settings import (
     DEFAULT_EDGE_SECRET,
     BroadcastSettings,
@@ -63,19 +63,7 @@ async def serve(
         status_interval_s=broker.status_interval_s,
     )
 
-    async def ready() -> list[str]:
-        problems = []
-        if not transport.connected:
-            problems.append("rabbitmq")
-        try:
-            await store.redis.ping()
-        except Exception:
-            problems.append("redis")
-        if not edge.consuming:
-            problems.append("consumer")
-        if edge.overloaded:
-            problems.append("overloaded")
-        return problems
+    ready = readiness(transport, store, lambda: edge.consuming, lambda: edge.overloaded)
 
     app = create_app(
         edge,

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 import uvicorn
 from starlette.applications import Starlette
@@ -31,6 +32,39 @@ from bargein import metrics
 log = logging.getLogger("bargein.hosting.probes")
 
 Readiness = Callable[[], Awaitable[list[str]]]
+
+
+class _Connected(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+
+class _Pingable(Protocol):
+    @property
+    def redis(self) -> Any: ...
+
+
+def readiness(
+    transport: _Connected, store: _Pingable, consuming: Callable[[], bool], overloaded: Callable[[], bool]
+) -> Readiness:
+    """What every service's ``/readyz`` asks: RabbitMQ usable, Redis answering, its consumer running,
+    not overloaded; the problems by name (none: ready)."""
+
+    async def ready() -> list[str]:
+        problems = []
+        if not transport.connected:
+            problems.append("rabbitmq")
+        try:
+            await store.redis.ping()
+        except Exception:
+            problems.append("redis")
+        if not consuming():
+            problems.append("consumer")
+        if overloaded():
+            problems.append("overloaded")
+        return problems
+
+    return ready
 
 
 def probe_app(ready: Readiness) -> Starlette:

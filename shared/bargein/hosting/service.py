@@ -20,7 +20,7 @@ from bargein.errors import SettingsError
 from bargein.hosting.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
 from bargein.hosting.loader import load_agent
 from bargein.hosting.logs import configure_logging
-from bargein.hosting.probes import Probes
+from bargein.hosting.probes import Probes, readiness
 from bargein.hosting.worker import Worker
 from bargein.settings import BrokerSettings, CoreSettings, LLMSettings, load
 from bargein.transport.amqp import AmqpTransport
@@ -63,20 +63,7 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
         overload_lag_ms=broker.overload_lag_ms,
     )
 
-    async def ready() -> list[str]:
-        problems = []
-        if not transport.connected:
-            problems.append("rabbitmq")
-        try:
-            await store.redis.ping()
-        except Exception:
-            problems.append("redis")
-        if not worker.consuming:
-            problems.append("consumer")
-        if worker.load.overloaded:
-            problems.append("overloaded")
-        return problems
-
+    ready = readiness(transport, store, lambda: worker.consuming, lambda: worker.load.overloaded)
     probes = Probes(ready, host=broker.probe_host, port=broker.probe_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

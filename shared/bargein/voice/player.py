@@ -116,6 +116,11 @@ class Player:
         return int(self.lead_ms * SAMPLE_RATE / 1000)
 
     @property
+    def cleared_upto(self) -> int:
+        """Turns up to this one were cleared: nothing more of them is played."""
+        return self._cleared
+
+    @property
     def playing(self) -> bool:
         """Audio sent is still playing, or more is queued."""
         return bool(self._clips) or self.played < self.sent
@@ -129,8 +134,10 @@ class Player:
         clip = _Clip(turn, speech.pcm, start)
         self._clips.append(clip)
         self._end = self._turn_end[turn] = clip.end
-        for old in [t for t in self._turn_end if t <= turn - RECENT_TURNS]:
+        for old in [t for t in self._turn_end if t <= turn - RECENT_TURNS]:  # forget old turns
             self._turn_end.pop(old, None)
+            self._marks.pop(old, None)
+            self._next_mark.pop(old, None)
         ends = [w.sample for w in speech.words[1:]] + [speech.samples] * bool(speech.words)
         for word, end in zip(speech.words, ends, strict=True):
             seq, chars = text.position(phrase.start + word.end)
@@ -157,9 +164,6 @@ class Player:
         self._next_mark[turn] = mark + 1
         boundary.mark = mark
         self._marks.setdefault(turn, {})[mark] = (seq, chars)
-        for old in [t for t in self._marks if t <= turn - RECENT_TURNS]:
-            self._marks.pop(old, None)
-            self._next_mark.pop(old, None)
         self._boundaries.append(boundary)
         self._unmarked.append(boundary)
 

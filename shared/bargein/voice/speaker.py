@@ -48,12 +48,11 @@ class Voice:
         self._asked: dict[int, float] = {}
         self._queue: asyncio.Queue[tuple[TurnText, Phrase]] = asyncio.Queue()
         self._ready: list[Output] = []  # what the synthesis task produced for the next tick
-        self._cleared = 0
         self._task: asyncio.Task[None] | None = None
 
     def text(self, turn: int, seq: int, text: str) -> None:
         """Chunk ``seq`` of ``turn`` went out to the session's clients."""
-        if turn <= self._cleared:
+        if turn <= self.player.cleared_upto:
             return
         turn_text = self._texts.get(turn)
         if turn_text is None:
@@ -68,7 +67,7 @@ class Voice:
     def complete(self, turn: int) -> None:
         """The agent finished ``turn``: speak the rest, and say when it has all been played."""
         turn_text = self._texts.get(turn)
-        if turn <= self._cleared:
+        if turn <= self.player.cleared_upto:
             return
         if turn_text is None:
             turn_text = self._texts[turn] = TurnText(turn)
@@ -78,7 +77,6 @@ class Voice:
 
     def clear(self, turn: int, now: float) -> list[Output]:
         """``turn`` and those before it were cut off: nothing more of them is said."""
-        self._cleared = max(self._cleared, turn)
         return self.player.clear(turn, now)
 
     def pause(self, now: float) -> list[Output]:
@@ -110,13 +108,13 @@ class Voice:
         while not self._queue.empty():
             turn_text, phrase = self._queue.get_nowait()
             turn = turn_text.turn
-            if turn <= self._cleared:
+            if turn <= self.player.cleared_upto:
                 continue
             if phrase is _FINISH:
                 self._ready.extend(self.player.finish(turn))
                 continue
             speech = await self._synthesize(phrase.text)
-            if turn <= self._cleared:  # cut off while it was being made
+            if turn <= self.player.cleared_upto:  # cut off while it was being made
                 continue
             if turn not in self.first_audio_s and turn in self._asked:
                 self.first_audio_s[turn] = time.monotonic() - self._asked[turn]
