@@ -17,12 +17,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The policy scanner (checkov), pinned in pyproject.toml's `policy` extra, in a venv of its own:
+# its dependency pins clash with the dev tools'.
+CHECKOV_VENV := .tools/checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+
+$(CHECKOV_STAMP): pyproject.toml
+	@echo "==> installing the policy scanner into $(CHECKOV_VENV) (first run only)"
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["policy"]))')
+	@touch $(CHECKOV_STAMP)
+
 ## The main job: a whole conversation with a barge-in, printed as a live timeline.
 demo: $(STAMP)
 	$(BIN)/bargein demo
 
 ## Lint, type-check, then every test (integration tests need RabbitMQ and Redis; see README).
-test: lint
+test: lint $(CHECKOV_STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -47,4 +58,4 @@ lock:
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

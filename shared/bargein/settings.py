@@ -8,11 +8,21 @@ can act on instead of a traceback.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from bargein.errors import SettingsError, TurnTakingError
 
@@ -29,8 +39,31 @@ DEFAULT_BACKCHANNELS = (
 )  # fmt: skip
 
 
+# A folder of files named like the variables (BARGEIN_RABBITMQ_URL, ...), each holding a value: how
+# Kubernetes mounts a Secret. Credentials read from files stay out of the process environment, where
+# every child process, crash report and `ps e` would see them. A variable set in the environment wins.
+SECRETS_DIR_VARIABLE: Final = f"{PREFIX}SECRETS_DIR"
+
+
 class _Base(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True, allow_inf_nan=False)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        directory = os.environ.get(SECRETS_DIR_VARIABLE) or os.environ.get(SECRETS_DIR_VARIABLE.lower())
+        if not directory:
+            return init_settings, env_settings, dotenv_settings
+        if not Path(directory).is_dir():
+            raise SettingsError(f"{SECRETS_DIR_VARIABLE}: {directory!r} is not a directory")
+        secrets = SecretsSettingsSource(settings_cls, secrets_dir=directory, case_sensitive=False)
+        return init_settings, env_settings, dotenv_settings, secrets
 
 
 class CoreSettings(_Base):
@@ -83,7 +116,11 @@ class BrokerSettings(_Base):
     rabbitmq_heartbeat_s: int = Field(
         default=5, ge=1, le=600, description="AMQP heartbeat: a frozen process's connection is dropped soon."
     )
-    redis_url: str = Field(default="redis://localhost:6379/0", pattern=r"^(redis|rediss|unix)://")
+    redis_url: str = Field(
+        default="redis://localhost:6379/0",
+        pattern=r"^(redis|rediss|unix|redis\+sentinel)://",
+        description="A Redis server, or Sentinels: redis+sentinel://[:pw@]host:port,host:port/service[/db].",
+    )
     redis_pool_size: int = Field(
         default=64, ge=1, le=10_000, description="Redis connections per process; callers wait for a free one."
     )
@@ -128,6 +165,13 @@ class BrokerSettings(_Base):
     drain_timeout_s: float = Field(
         default=10.0, ge=0, description="SIGTERM: how long running turns may finish here before hand-over."
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        if is_sentinel(value):
+            SentinelAddress.parse(value)  # a ValueError here names the setting
+        return value
 
 
 class SpeechSettings(_Base):
@@ -379,4 +423,70 @@ def all_variables() -> set[str]:
         VoiceSettings,
         BroadcastSettings,
     ]
-    return {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
+    fields = {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
+    return fields | {SECRETS_DIR_VARIABLE}
+
+
+# --- Redis behind Sentinel: the one URL form redis-py does not parse itself ----------------------
+
+SENTINEL_SCHEME: Final = "redis+sentinel"
+SENTINEL_PORT: Final = 26379
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+    sentinel_password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelAddress:
+        parts = urlsplit(url)
+        if parts.scheme != SENTINEL_SCHEME:
+            raise ValueError(f"not a {SENTINEL_SCHEME}:// URL: {url!r}")
+        credentials, _, hosts = parts.netloc.rpartition("@")
+        password = unquote(credentials.partition(":")[2]) if credentials else None
+        sentinels = tuple(_host_port(host, url) for host in hosts.split(",") if host)
+        if not sentinels:
+            raise ValueError(f"{url!r} names no Sentinel")
+        path = [p for p in parts.path.split("/") if p]
+        if not path or len(path) > 2:
+            raise ValueError(f"{url!r} must name the monitored service: .../service[/db]")
+        try:
+            db = int(path[1]) if len(path) == 2 else 0
+        except ValueError:
+            raise ValueError(f"{url!r}: the database must be a number, got {path[1]!r}") from None
+        query = parse_qs(parts.query)
+        unknown = set(query) - {"sentinel_password"}
+        if unknown:
+            raise ValueError(f"{url!r}: unknown options {sorted(unknown)}")
+        sentinel_password = query.get("sentinel_password", [None])[0]
+        return cls(sentinels, unquote(path[0]), db, password or None, sentinel_password)
+
+
+def _host_port(text: str, url: str) -> tuple[str, int]:
+    host, port = text, SENTINEL_PORT
+    if text.startswith("["):  # [::1]:26379
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            port = _port(rest.removeprefix(":"), url)
+    elif ":" in text:
+        host, _, number = text.rpartition(":")
+        port = _port(number, url)
+    if not host:
+        raise ValueError(f"{url!r}: a Sentinel without a host")
+    return host, port
+
+
+def _port(text: str, url: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{url!r}: bad port {text!r}")
+    return int(text)
+
+
+def is_sentinel(url: str) -> bool:
+    return url.startswith(f"{SENTINEL_SCHEME}://")

@@ -160,10 +160,11 @@ class PrivateRedis:
     """``with PrivateRedis(tmp, aof=False) as redis:`` a server at ``redis.url``; ``restart()``
     stops it and starts it again: empty without persistence, as it was with AOF."""
 
-    def __init__(self, base: Path, *, aof: bool = False) -> None:
+    def __init__(self, base: Path, *, aof: bool = False, options: tuple[str, ...] = ()) -> None:
         self.base = base
         self.port = free_port()
         self.aof = aof
+        self.options = options  # more redis-server arguments (``--replicaof`` ...)
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -183,6 +184,7 @@ class PrivateRedis:
             "yes" if self.aof else "no",
             "--appendfsync",
             "always",
+            *self.options,
         ]
         log = (self.base / "redis.log").open("ab")
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -200,6 +202,13 @@ class PrivateRedis:
                 self.proc.wait(10)
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed host: no shutdown, no last write."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()
@@ -211,4 +220,106 @@ class PrivateRedis:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.stop()
+
+
+SENTINEL_SERVICE = "bargein"
+
+
+class PrivateSentinelRedis:
+    """``with PrivateSentinelRedis(tmp) as redis:`` a master, a replica and a Sentinel watching
+    them, at ``redis.url`` (``redis+sentinel://``); ``fail_over()`` kills the master and waits
+    until the Sentinel has promoted the replica, as when the master's host dies in production."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.master = PrivateRedis(base / "master")
+        self.replica = PrivateRedis(
+            base / "replica", options=("--replicaof", "127.0.0.1", str(self.master.port))
+        )
+        self.sentinel_port = free_port()
+        self.url = f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SENTINEL_SERVICE}/0"
+        self.sentinel: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.master.start()
+        self.replica.start()
+        _wait(
+            None,
+            self._cli(self.replica.port, "info", "replication", expect="master_link_status:up"),
+            START_TIMEOUT_S,
+            "the replica's link to its master",
+        )
+        config = self.base / "sentinel.conf"  # the Sentinel rewrites it: a file of its own
+        config.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.base}\n"
+            f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
+            f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
+        )
+        log = (self.base / "sentinel.log").open("ab")
+        self.sentinel = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        _wait(
+            None,
+            self._cli(
+                self.sentinel_port, "sentinel", "replicas", SENTINEL_SERVICE, expect=str(self.replica.port)
+            ),
+            START_TIMEOUT_S,
+            "the Sentinel's view of the replica",
+        )
+
+    @staticmethod
+    def _cli(port: int, *command: str, expect: str) -> list[str]:
+        """A probe for ``_wait``: succeeds when the command's reply contains ``expect``."""
+        quoted = " ".join(command)
+        return ["sh", "-c", f"redis-cli -p {port} {quoted} | grep -q -- '{expect}'"]
+
+    def master_port(self) -> int:
+        reply = subprocess.run(
+            [
+                "redis-cli",
+                "-p",
+                str(self.sentinel_port),
+                "sentinel",
+                "get-master-addr-by-name",
+                SENTINEL_SERVICE,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        return int(reply[1])
+
+    def fail_over(self, timeout: float = 60.0) -> None:
+        self.master.kill()
+        deadline = time.monotonic() + timeout
+        while self.master_port() != self.replica.port:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no failover in {timeout:.0f} s:\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return (self.base / "sentinel.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.sentinel is not None and self.sentinel.poll() is None:
+            self.sentinel.terminate()
+            self.sentinel.wait(10)
+        self.sentinel = None
+        self.replica.stop()
+        self.master.stop()
+
+    def __enter__(self) -> PrivateSentinelRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from bargein.transport.redis_address import async_client
 from tests.faults.stack import FaultStack
 
 NEEDED = ("rabbitmq-server", "rabbitmqctl", "redis-server", "redis-cli")
@@ -29,7 +30,7 @@ def broker_programs() -> None:
 @pytest.fixture
 async def redis(stack: FaultStack) -> AsyncIterator[aioredis.Redis]:
     """A client of the module's own stack's Redis (each module defines ``stack``)."""
-    client = aioredis.Redis.from_url(stack.redis.url)
+    client = async_client(stack.redis.url, pool_size=8, timeout_s=5.0)
     try:
         yield client
     finally:

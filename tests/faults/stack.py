@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.faults.brokers import PrivateRabbit, PrivateRedis, free_port
+from tests.faults.brokers import PrivateRabbit, PrivateRedis, PrivateSentinelRedis, free_port
 from tests.integration.cluster import Cluster, ServiceProcess
 
 WORKER_READY = "ready (up to"
@@ -47,7 +47,7 @@ def product_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
 @dataclass
 class FaultStack:
     rabbit: PrivateRabbit
-    redis: PrivateRedis
+    redis: PrivateRedis | PrivateSentinelRedis
     cluster: Cluster
     url: str = ""  # the edge's base URL
     edges: list[ServiceProcess] = field(default_factory=list)
@@ -91,11 +91,21 @@ class FaultStack:
 
 @contextlib.contextmanager
 def fault_stack(
-    base: Path, *, reasoning: int = 2, speech: int = 1, aof: bool = False, **env: str
+    base: Path,
+    *,
+    reasoning: int = 2,
+    speech: int = 1,
+    aof: bool = False,
+    sentinel: bool = False,
+    **env: str,
 ) -> Iterator[FaultStack]:
     """Private brokers, then ``reasoning`` reasoning processes, ``speech`` speech processes and one
-    edge; everything is stopped at the end, whatever happened."""
-    with PrivateRabbit(base / "rabbitmq") as rabbit, PrivateRedis(base / "redis", aof=aof) as redis:
+    edge; everything is stopped at the end, whatever happened. With ``sentinel`` Redis is a
+    master, a replica and a Sentinel, and the services find the master through the Sentinel."""
+    private_redis = (
+        PrivateSentinelRedis(base / "redis") if sentinel else PrivateRedis(base / "redis", aof=aof)
+    )
+    with PrivateRabbit(base / "rabbitmq") as rabbit, private_redis as redis:
         environment = product_env(rabbit.url, redis.url, BARGEIN_HOST="127.0.0.1", **env)
         environment.setdefault("BARGEIN_PORT", str(free_port()))
         with Cluster(environment, base / "logs") as cluster:

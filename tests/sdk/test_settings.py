@@ -13,7 +13,7 @@ import pytest
 
 from bargein.errors import BargeinError, SettingsError
 from bargein.hosting.loader import load_agent
-from bargein.settings import CoreSettings, LLMSettings, load
+from bargein.settings import BroadcastSettings, BrokerSettings, CoreSettings, LLMSettings, load
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -229,3 +229,52 @@ def test_cli_demo_with_a_bad_llm_setting_exits_2_at_start_up() -> None:
     assert "BARGEIN_LLM_TEMPERATURE" in proc.stderr
     assert "'9'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _kubernetes_secret_volume(root: Path, values: dict[str, str]) -> Path:
+    """A folder laid out as the kubelet mounts a Secret: each key a link into a dated folder."""
+    dated = root / "..2026_12_01_00_00_00.000000001"
+    dated.mkdir(parents=True)
+    for key, value in values.items():
+        (dated / key).write_text(value + "\n")
+    (root / "..data").symlink_to(dated.name)
+    for key in values:
+        (root / key).symlink_to(f"..data/{key}")
+    return root
+
+
+def test_credentials_are_read_from_a_mounted_secret_and_the_environment_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secrets = _kubernetes_secret_volume(
+        tmp_path / "secrets",
+        {
+            "BARGEIN_RABBITMQ_URL": "amqp://app:s3cret@rabbitmq:5672/",
+            "BARGEIN_REDIS_URL": "redis+sentinel://:pw@redis-0.redis:26379/bargein/0",
+            "BARGEIN_EDGE_SECRET": "a-long-random-key",
+        },
+    )
+    monkeypatch.setenv("BARGEIN_SECRETS_DIR", str(secrets))
+    broker = load(BrokerSettings)
+    assert broker.rabbitmq_url == "amqp://app:s3cret@rabbitmq:5672/"  # the file's newline is dropped
+    assert broker.redis_url.startswith("redis+sentinel://")
+    assert load(BroadcastSettings).edge_secret == "a-long-random-key"
+    monkeypatch.setenv("BARGEIN_RABBITMQ_URL", "amqp://other@elsewhere:5672/")
+    assert load(BrokerSettings).rabbitmq_url == "amqp://other@elsewhere:5672/"
+
+
+def test_a_bad_value_in_a_secret_file_is_named_like_a_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secrets = _kubernetes_secret_volume(tmp_path / "secrets", {"BARGEIN_REDIS_URL": "http://nope"})
+    monkeypatch.setenv("BARGEIN_SECRETS_DIR", str(secrets))
+    with pytest.raises(SettingsError, match="BARGEIN_REDIS_URL"):
+        load(BrokerSettings)
+
+
+def test_a_secrets_dir_that_is_not_there_is_an_error_not_a_silent_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("BARGEIN_SECRETS_DIR", str(tmp_path / "missing"))
+    with pytest.raises(SettingsError, match="BARGEIN_SECRETS_DIR"):
+        load(BrokerSettings)

@@ -64,6 +64,7 @@ from bargein.tools.benchkit import (
     verdict,
 )
 from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import (
     OUT,
@@ -281,7 +282,7 @@ class _InterruptBench:
         self.say("  all processes ready")
 
     async def connect(self) -> None:
-        client = aioredis.Redis.from_url(self.redis_url)
+        client = async_client(self.redis_url, pool_size=16, timeout_s=5.0)
         try:
             await client.ping()
         except (RedisError, OSError) as exc:

@@ -50,6 +50,7 @@ import redis.asyncio as aioredis
 from bargein.errors import StaleEpochError
 from bargein.settings import BrokerSettings
 from bargein.transport.abc import Heartbeat, Renewal, StateStore
+from bargein.transport.redis_address import async_client, sync_client
 from bargein.wire.names import (
     Tier,
     epoch_key,
@@ -202,22 +203,13 @@ class RedisStateStore(StateStore):
         pool_size: int = DEFAULT_POOL_SIZE,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> RedisStateStore:
-        """A store with its own client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+        """A store with its own client for ``url`` (any form :mod:`.redis_address` takes).
 
         The pool holds at most ``pool_size`` connections and a caller waits (up to ``timeout_s``)
-        for a free one instead of failing at once, as redis-py's default pool does when full; every
-        command gives up after ``timeout_s`` too, so a Redis that is down is noticed (and retried by
-        the callers) instead of hanging a lease renewal."""
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=timeout_s,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            decode_responses=False,
-        )
+        for a free one; every command gives up after ``timeout_s`` too, so a Redis that is down is
+        noticed (and retried by the callers) instead of hanging a lease renewal."""
         return cls(
-            aioredis.Redis(connection_pool=pool),
+            async_client(url, pool_size=pool_size, timeout_s=timeout_s),
             epoch_min_ttl_ms=epoch_min_ttl_ms,
             url=url,
             timeout_s=timeout_s,
@@ -388,7 +380,7 @@ class _ThreadHeartbeat(Heartbeat):
     one is not, within the TTL."""
 
     def __init__(self, url: str, tier: Tier, owner: str, ttl_ms: int, timeout_s: float) -> None:
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._client = sync_client(url, timeout_s=timeout_s)
         self._tier, self._owner, self._ttl_ms = tier, owner, ttl_ms
         self.alive_until = 0.0
         self._stopped = threading.Event()
