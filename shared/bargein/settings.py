@@ -8,6 +8,7 @@ can act on instead of a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -350,6 +351,47 @@ _TurnTaking: type[BaseModel] = create_model(
 )
 
 
+class TelephonySettings(_Base):
+    """Phone calls through carriers' media streams, in the edge (docs/telephony.md). A carrier
+    whose credentials are unset refuses every call: a webhook nobody can verify is not answered."""
+
+    twilio_account_sid: str | None = Field(default=None, description="Twilio account SID (AC...).")
+    twilio_auth_token: str | None = Field(
+        default=None, description="Twilio auth token: checks X-Twilio-Signature; places calls."
+    )
+    twilio_api_url: str = Field(
+        default="https://api.twilio.com", pattern=r"^https?://", description="Twilio's REST API."
+    )
+    telnyx_api_key: str | None = Field(default=None, description="Telnyx API key (places calls).")
+    telnyx_public_key: str | None = Field(
+        default=None, description="Telnyx's webhook public key (base64 Ed25519), from the portal."
+    )
+    telnyx_connection_id: str | None = Field(
+        default=None, description="The TeXML application whose number places outbound calls."
+    )
+    telnyx_api_url: str = Field(
+        default="https://api.telnyx.com", pattern=r"^https?://", description="Telnyx's REST API."
+    )
+    phone_agent_options: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict, description="Agent options of phone calls, as JSON (a webhook's query adds)."
+    )
+    phone_signature_max_age_s: float = Field(
+        default=300.0, gt=0, le=3600, description="How old a signed webhook may be (Telnyx's timestamp)."
+    )
+
+    @field_validator("phone_agent_options", mode="before")
+    @classmethod
+    def _options(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+            if not isinstance(value, dict):
+                raise ValueError("must be a JSON object")
+        return value
+
+
 def split_phrases(text: str) -> tuple[str, ...]:
     """``"uh-huh, Yeah ,got it"`` → ``("uh-huh", "yeah", "got it")``: how BARGEIN_BACKCHANNELS is read."""
     return tuple(p.strip().lower() for p in text.split(",") if p.strip())
@@ -422,6 +464,7 @@ def all_variables() -> set[str]:
         TranscriptionSettings,
         VoiceSettings,
         BroadcastSettings,
+        TelephonySettings,
     ]
     fields = {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
     return fields | {SECRETS_DIR_VARIABLE}

@@ -27,7 +27,7 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
-from bargein.edge.core import CLOSE_SLOW, Connection, Edge, Outbox
+from bargein.edge.core import CLOSE_SLOW, Connection, Edge, JsonWire, Outbox
 from bargein.edge.protocol import AgentChunk, Clear, SpeakingStarted, TurnComplete, frame_json
 from bargein.settings import BroadcastSettings
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
@@ -76,8 +76,8 @@ async def test_a_stuck_client_is_cut_off_and_others_keep_receiving() -> None:
     edge = await make_edge(buffer=8)
     try:
         stuck, healthy = FakeSocket(stuck=True), FakeSocket()
-        a = await edge.join("s1", stuck, "caller", False)  # type: ignore[arg-type]
-        await edge.join("s1", healthy, "listener", False)  # type: ignore[arg-type]
+        a = await edge.join("s1", JsonWire(stuck), "caller", False)  # type: ignore[arg-type]
+        await edge.join("s1", JsonWire(healthy), "listener", False)  # type: ignore[arg-type]
         for seq in range(20):  # one at a time, as the consumer hands them over
             await push(edge, "s1", AgentResponse(content=f"w{seq} "), turn=1, seq=seq, epoch=1)
             await asyncio.sleep(0.001)
@@ -105,7 +105,7 @@ async def test_policy_lets_the_edge_clear_before_the_owner_says_so() -> None:
     edge = await make_edge()
     try:
         sock = FakeSocket(stuck=True)  # nothing is written yet: everything waits in the outbox
-        connection = await edge.join("s2", sock, "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s2", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s2", InterruptPolicy(events=["UserStartedSpeaking"]), epoch=1)
         for seq in range(3):
             await push(edge, "s2", AgentResponse(content="x"), turn=4, seq=seq, epoch=1)
@@ -123,7 +123,7 @@ async def test_without_the_policy_the_edge_waits_for_the_owner() -> None:
     edge = await make_edge()
     try:
         sock = FakeSocket(stuck=True)
-        connection = await edge.join("s3", sock, "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s3", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s3", InterruptPolicy(events=[]), epoch=1)  # a conditional interrupt
         await push(edge, "s3", AgentResponse(content="x"), turn=2, seq=0, epoch=1)
         await push(edge, "s3", UserStartedSpeaking())
@@ -147,7 +147,7 @@ async def test_what_a_caller_was_sent_is_reported_back(monkeypatch: Any) -> None
 
         monkeypatch.setattr(transport, "publish", record)
         sock = FakeSocket()
-        await edge.join("s4", sock, "caller", False)  # type: ignore[arg-type]
+        await edge.join("s4", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         for seq in range(4):
             await push(edge, "s4", AgentResponse(content="x"), turn=3, seq=seq, epoch=1)
         await wait_for(lambda: any(e.type == "SpeechDelivered" for e in published))
@@ -164,7 +164,7 @@ async def test_a_false_interruption_ends_the_speaking_state_for_clients() -> Non
     edge = await make_edge()
     try:
         sock = FakeSocket(stuck=True)
-        connection = await edge.join("s5", sock, "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s5", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s5", UserStartedSpeaking())
         await push(edge, "s5", FalseInterruption(duration_ms=180))
         assert frames(connection) == [
@@ -179,7 +179,7 @@ async def test_a_message_claiming_an_epoch_nobody_was_given_is_dropped() -> None
     edge = await make_edge()
     try:
         sock = FakeSocket(stuck=True)
-        connection = await edge.join("s6", sock, "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s6", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s6", AgentResponse(content="real"), turn=1, seq=0, epoch=1)
         forged = AgentResponse(content="forged")
         await edge.on_event(Envelope.wrap("s6", forged, turn=2, seq=0, epoch=10**9), forged)
@@ -204,7 +204,7 @@ async def test_the_speech_tier_is_told_when_the_agent_starts_and_stops_reaching_
 
         await edge.transport.open_mailbox("s6", TIER_SPEECH, IN, speech)
         sock = FakeSocket(stuck=True)  # nothing reaches the caller until it reads
-        await edge.join("s6", sock, "caller", False)  # type: ignore[arg-type]
+        await edge.join("s6", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         for seq in range(3):
             await push(edge, "s6", AgentResponse(content="x "), turn=1, seq=seq, epoch=1)
         await push(edge, "s6", AgentGenerationComplete(), turn=1, seq=3, epoch=1)
@@ -224,7 +224,7 @@ async def test_the_speech_tier_is_told_when_the_agent_starts_and_stops_reaching_
 async def test_what_speech_to_text_heard_is_shown_to_clients() -> None:
     edge = await make_edge()
     try:
-        connection = await edge.join("s7", FakeSocket(stuck=True), "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s7", JsonWire(FakeSocket(stuck=True)), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s7", UserTranscriptionReceived(content="Book a table."), source=Source.SPEECH)
         await push(edge, "s7", UserBackchannel(content="Uh-huh."), source=Source.SPEECH)
         await push(edge, "s7", UserTranscriptionReceived(content="typed"), source=Source.EDGE)  # a text turn
@@ -242,7 +242,7 @@ async def test_what_the_agent_does_besides_speaking_reaches_clients_in_turn_orde
     edge = await make_edge()
     try:
         sock = FakeSocket(stuck=True)
-        connection = await edge.join("s8", sock, "caller", False)  # type: ignore[arg-type]
+        connection = await edge.join("s8", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s8", AgentResponse(content="One moment. "), turn=1, seq=0, epoch=1)
         call = ToolCall(tool_name="record_answer", tool_args={"answer": "42"}, tool_call_id="c1")
         await push(edge, "s8", call, turn=1, seq=1, epoch=1)
@@ -262,7 +262,7 @@ async def test_what_the_agent_does_besides_speaking_reaches_clients_in_turn_orde
         assert kinds == ["clear"]  # the cleared turn's queued frames went with it
         sent: list[dict[str, Any]] = []
         sock2 = FakeSocket(stuck=True)
-        second = await edge.join("s9", sock2, "caller", False)  # type: ignore[arg-type]
+        second = await edge.join("s9", JsonWire(sock2), "caller", False)  # type: ignore[arg-type]
         await push(edge, "s9", call, turn=1, seq=0, epoch=1)
         await push(edge, "s9", LogMetric(name="form_completed", value=1), turn=1, seq=1, epoch=1)
         await push(edge, "s9", DTMFOutputEvent(button="#"), turn=1, seq=2, epoch=1)
@@ -293,7 +293,7 @@ async def test_a_transfer_is_sent_to_the_caller_and_ends_the_session() -> None:
 
         await edge.transport.open_mailbox("s10", TIER_REASONING, IN, reasoning)
         sock = FakeSocket()
-        await edge.join("s10", sock, "caller", False)  # type: ignore[arg-type]
+        await edge.join("s10", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         transfer = TransferCall(target_phone_number="+14155550100", reason="a human, please")
         await push(edge, "s10", transfer, turn=2, seq=0, epoch=1)
         await wait_for(lambda: sock.closed_with is not None)
@@ -319,7 +319,7 @@ async def test_a_session_its_agent_rejects_before_the_caller_joins_tells_the_cal
         await push(edge, sid, EndCall(reason=EndCall.REJECTED), epoch=1)  # the pre-call handler said no
         assert await edge.known(sid)
         sock = FakeSocket()
-        await edge.join(sid, sock, "caller", False)  # type: ignore[arg-type]
+        await edge.join(sid, JsonWire(sock), "caller", False)  # type: ignore[arg-type]
         await wait_for(lambda: sock.closed_with is not None)
         assert sock.sent == [{"type": "ended", "reason": "rejected"}] and sock.closed_with == 1000
     finally:

@@ -21,6 +21,7 @@ from bargein import (
     Bridge,
     ConversationContext,
     CustomReceived,
+    DTMFInputEvent,
     Event,
     Message,
     ReasoningNode,
@@ -102,4 +103,20 @@ def probe(session: SessionInfo) -> Bridge:
         .stream(node.generate)
         .broadcast()
     )
+    return bridge
+
+
+class KeypadNode(ReasoningNode):
+    """Says which keys the caller has pressed so far (a phone call's DTMF, as the agent gets it)."""
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        keys = "".join(e.button for e in context.events if isinstance(e, DTMFInputEvent))
+        yield AgentResponse(content=f"You pressed {keys}.")
+
+
+def keypad(session: SessionInfo) -> Bridge:
+    node = KeypadNode()
+    bridge = Bridge(node)
+    bridge.on(DTMFInputEvent).map(node.add_event)
+    bridge.on(DTMFInputEvent).stream(node.generate).broadcast()
     return bridge

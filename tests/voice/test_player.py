@@ -111,3 +111,31 @@ def test_a_clear_stops_the_turn_and_the_next_turn_plays_from_where_the_caller_is
     more = run(player, 2.02, 3.0)
     assert {o.turn for o in more if isinstance(o, Audio)} == {2}
     assert len(audio(more)) == len(speech_for("big dog").pcm)
+
+
+def test_a_rewind_sends_again_what_the_client_threw_away_and_its_marks() -> None:
+    """A phone carrier cannot pause, only clear: the player rewinds to what was played, and the
+    caller then hears every sample once, in order (a phrase boundary falls inside the lead too)."""
+    text = TurnText(1)
+    text.add(0, "one two. ")
+    text.add(1, "six ten red tan")
+    text.complete = True
+    player = Player(lead_ms=200)
+    for phrase in text.phrases():
+        player.add(text, phrase, speech_for(phrase.text))
+    whole = b"".join(c.pcm for c in player._clips)
+    out = run(player, 0.0, 0.42)  # "one two." is all sent by now, but not all played
+    marks_before = [o.word for o in out if isinstance(o, Mark)]
+    paused = player.pause(0.44)
+    player.rewind(0.44)
+    played = int(player.played)
+    assert player.sent == played  # the client's buffer is gone: nothing is ahead of the caller
+    player.resume(1.0)
+    after = run(player, 1.0, 4.0)
+    # what the caller heard: up to where it was, then everything again from there, once
+    heard_pcm = audio(out)[: played * SAMPLE_WIDTH] + audio(after)
+    assert heard_pcm == whole
+    assert not [o for o in paused if isinstance(o, Audio)]
+    marks_after = [o.word for o in after if isinstance(o, Mark)]
+    assert marks_before[-1] in marks_after  # the mark sent ahead was thrown away: sent again
+    assert [w for w in marks_after if w][-1] == "tan"  # (a phrase's own mark has no word)

@@ -21,7 +21,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bargein import metrics, tracing
-from bargein.edge.core import Connection, Edge
+from bargein.edge.carriers.abc import Carrier
+from bargein.edge.core import Connection, Edge, JsonWire
+from bargein.edge.phone import phone_routes
 from bargein.edge.protocol import (
     AUDIO_FORMATS,
     ErrorCode,
@@ -76,6 +78,8 @@ def create_app(
     ready: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     about: dict[str, Any] | None = None,
+    carriers: Mapping[str, Carrier] | None = None,
+    phone_agent_options: Mapping[str, Any] | None = None,
 ) -> Starlette:
     async def create_session(request: Request) -> Response:
         raw = await _read_body(request, max_body_bytes)
@@ -144,7 +148,8 @@ def create_app(
             await _refuse(ws, bad, CLOSE_BAD_REQUEST)
             return
         reports = ws.query_params.get("reports") == "played"
-        connection = await edge.join(session_id, ws, role, reports, None if audio == "none" else audio)
+        hears = None if audio == "none" else audio
+        connection = await edge.join(session_id, JsonWire(ws), role, reports, hears)
         try:
             while True:
                 incoming = await ws.receive()
@@ -213,6 +218,14 @@ def create_app(
         Route("/v1/sessions", create_session, methods=["POST"]),
         WebSocketRoute("/v1/sessions/{session_id}/ws", session_socket),
     ]
+    routes += phone_routes(
+        edge,
+        tokens,
+        carriers or {},
+        public_url=public_url,
+        agent_options=phone_agent_options or {},
+        read_body=lambda request: _read_body(request, max_body_bytes),
+    )
     if STATIC.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
 

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from starlette.websockets import WebSocket
 
@@ -170,6 +170,10 @@ class Outbox:
         self.frames.appendleft(frame)
         self._ready.set()
 
+    def purge_audio(self) -> None:
+        """The client's buffer was cleared for a pause: the audio queued behind is sent again later."""
+        self.frames = collections.deque(f for f in self.frames if not isinstance(f, AudioOut | AudioMark))
+
     def purge_turns(self, upto: int) -> int:
         kept = [f for f in self.frames if not 0 < _turn_of(f) <= upto]
         dropped = len(self.frames) - len(kept)
@@ -183,10 +187,45 @@ class Outbox:
         return self.frames.popleft()
 
 
+class Wire(Protocol):
+    """How frames reach one client: the edge's own protocol (:class:`JsonWire`) or a phone
+    carrier's (:mod:`bargein.edge.phone`), which says the same things in its own messages."""
+
+    drops_buffer_on_pause: bool  # it cannot pause playback, only clear it (a carrier's `clear`)
+
+    async def send(self, frame: Frame) -> None: ...
+
+    async def close(self, code: int, last: AnyServerFrame | None) -> None: ...
+
+
+class JsonWire:
+    """docs/protocol.md: JSON frames, and the agent's audio as binary frames."""
+
+    drops_buffer_on_pause = False
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+
+    async def send(self, frame: Frame) -> None:
+        if isinstance(frame, AudioOut):
+            await self.ws.send_bytes(frame.pcm)
+        else:
+            await self.ws.send_json(frame_json(frame))
+
+    async def close(self, code: int, last: AnyServerFrame | None) -> None:
+        if last is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):  # a stuck client may never take it
+                    await self.ws.send_json(frame_json(last))
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self.ws.close(code)
+
+
 class Connection:
     def __init__(
         self,
-        ws: WebSocket,
+        wire: Wire,
         session: EdgeSession,
         role: Role,
         reports_played: bool,
@@ -194,7 +233,7 @@ class Connection:
         limits: ClientLimits,
         audio: str | None = None,
     ) -> None:
-        self.ws = ws
+        self.wire = wire
         self.session = session
         self.role = role
         self.reports_played = reports_played
@@ -238,10 +277,7 @@ class Connection:
         try:
             while True:
                 frame = await self.outbox.get()
-                if isinstance(frame, AudioOut):
-                    await self.ws.send_bytes(frame.pcm)
-                    continue
-                await self.ws.send_json(frame_json(frame))
+                await self.wire.send(frame)
                 if isinstance(frame, AgentChunk) and self.counts_as_sent:
                     self.session.delivered(frame.turn, frame.seq)
         except Exception as exc:  # the socket went away; the endpoint's receive loop notices too
@@ -265,13 +301,7 @@ class Connection:
     async def _shut(self, code: int, last: AnyServerFrame | None) -> None:
         if self.writer is not None:
             self.writer.cancel()
-        if last is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):  # a stuck client may never take it
-                    await self.ws.send_json(frame_json(last))
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await self.ws.close(code)
+        await self.wire.close(code, last)
 
 
 class EdgeSession:
@@ -425,6 +455,11 @@ class EdgeSession:
         if self.voice is None or self.paused_since is not None or not self.voice.player.playing:
             return False
         self.voice_outputs(self.voice.pause(now))
+        clearing = [c for c in self.connections if c.audio is not None and c.wire.drops_buffer_on_pause]
+        if clearing:  # a phone line can only clear: what it drops is sent again on resume
+            self.voice.player.rewind(now)
+            for connection in clearing:
+                connection.outbox.purge_audio()
         self.paused_since = now
         self.edge.count("soft_pauses")
         for connection in self.connections:
@@ -572,12 +607,12 @@ class Edge:
         )
 
     async def join(
-        self, session_id: str, ws: WebSocket, role: Role, reports_played: bool, audio: str | None = None
+        self, session_id: str, wire: Wire, role: Role, reports_played: bool, audio: str | None = None
     ) -> Connection:
         session = await self._track(session_id)
         limits = ClientLimits(self.settings, self.max_frame_bytes)
         hears = audio if self.synthesizer is not None else None
-        connection = Connection(ws, session, role, reports_played, self.settings.send_buffer, limits, hears)
+        connection = Connection(wire, session, role, reports_played, self.settings.send_buffer, limits, hears)
         connection.start()
         if audio is not None and hears is None:
             connection.send(

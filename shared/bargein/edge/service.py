@@ -12,6 +12,7 @@ import uvicorn
 from bargein import tracing
 from bargein.edge.app import create_app
 from bargein.edge.core import Edge
+from bargein.edge.phone import carriers_from
 from bargein.edge.protocol import AUDIO_FORMATS
 from bargein.edge.tokens import Tokens
 from bargein.hosting.host import default_owner_id
@@ -24,6 +25,7 @@ from bargein.settings import (
     CoreSettings,
     LLMSettings,
     SpeechSettings,
+    TelephonySettings,
     VoiceSettings,
     load,
 )
@@ -40,8 +42,10 @@ async def serve(
     edge_settings: BroadcastSettings,
     speech: SpeechSettings,
     voice: VoiceSettings | None = None,
+    telephony: TelephonySettings | None = None,
 ) -> None:
     voice = voice or VoiceSettings()
+    telephony = telephony or load(TelephonySettings)
     synthesizer = synthesizer_from_settings(voice)  # a bad voice or a missing URL fails here
     llm = load(LLMSettings)
     owner = f"edge-{default_owner_id()}"
@@ -64,6 +68,10 @@ async def serve(
     )
 
     ready = readiness(transport, store, lambda: edge.consuming, lambda: edge.overloaded)
+    carriers = carriers_from(telephony)
+    for name, carrier in carriers.items():
+        if carrier.configured:
+            log.info("phone calls through %s: POST /v1/%s/voice", name, name)
 
     app = create_app(
         edge,
@@ -81,7 +89,10 @@ async def serve(
             "voice": voice.tts_voice or DEFAULT_VOICE[voice.tts],
             "voices": list(SUGGESTED_VOICES[voice.tts]),
             "audio": list(AUDIO_FORMATS) if synthesizer is not None else [],
+            "phone": sorted(name for name, carrier in carriers.items() if carrier.configured),
         },
+        carriers=carriers,
+        phone_agent_options=telephony.phone_agent_options,
     )
     # with BARGEIN_PROBE_PORT set, the edge answers there too, as every service does (one HEALTHCHECK)
     probes = Probes(ready, host=broker.probe_host, port=broker.probe_port) if broker.probe_port else None

@@ -78,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         "health", help="exit 0 if this machine's service answers /healthz (the image's HEALTHCHECK)"
     )
 
+    dial = sub.add_parser(
+        "dial", help="place a phone call through a carrier; the edge answers (docs/telephony.md)"
+    )
+    dial.add_argument("to", help="the number to call, E.164 (+15551234567)")
+    dial.add_argument("--from", dest="from_", required=True, help="your carrier number to call from, E.164")
+    dial.add_argument("--carrier", default="twilio", help="twilio (the default) or telnyx")
+    dial.add_argument(
+        "--webhook", help="the voice webhook URL (default BARGEIN_PUBLIC_URL/v1/<carrier>/voice)"
+    )
+
     bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     intr = bench_sub.add_parser(
@@ -182,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.health import main as health_main
 
             return health_main()
+        if args.command == "dial":
+            from bargein.tools.dial import main as dial_main
+
+            return dial_main(args.to, args.from_, args.carrier, args.webhook)
         if args.command == "demo":
             if args.distributed:
                 from bargein.tools.demo_distributed import main as distributed_main

@@ -101,6 +101,7 @@ class Player:
     played: float = 0.0
     paused: bool = False
     _clips: collections.deque[_Clip] = field(default_factory=collections.deque)
+    _sent_clips: collections.deque[_Clip] = field(default_factory=collections.deque)  # not yet all played
     _boundaries: collections.deque[_Boundary] = field(default_factory=collections.deque)  # not yet heard
     _unmarked: collections.deque[_Boundary] = field(default_factory=collections.deque)  # not yet sent
     _end: int = 0  # timeline sample where the audio queued so far ends
@@ -181,12 +182,27 @@ class Player:
         self.paused = False
         self._last_tick = now
 
+    def rewind(self, now: float) -> list[Output]:
+        """The client threw away what it had buffered and not yet played: a phone carrier's
+        ``clear``, its only way to silence the caller at once. From what it played on, the audio
+        (and its marks) is sent again, so a pause that had to clear loses nothing either."""
+        out = self._advance(now)
+        back = int(self.played)
+        while self._sent_clips:  # the clips not yet wholly played go back to be sent
+            clip = self._sent_clips.pop()
+            if clip.end > back:
+                self._clips.appendleft(clip)
+        self.sent = back
+        self._unmarked = collections.deque(self._boundaries)  # none of them has been sent now
+        return out
+
     def clear(self, turn: int, now: float) -> list[Output]:
         """Drop ``turn`` and everything before it: what the caller has not played of it is gone.
         Returns what the clock says was heard until now (and sends nothing more of it)."""
         out = self._advance(now)
         self._cleared = max(self._cleared, turn)
         self._clips = collections.deque(c for c in self._clips if c.turn > turn)
+        self._sent_clips.clear()  # the client drops what it buffered: nothing sent is replayed
         self._boundaries = collections.deque(b for b in self._boundaries if b.turn > turn)
         self._unmarked = collections.deque(b for b in self._unmarked if b.turn > turn)
         self._finishing = collections.deque(f for f in self._finishing if f[0] > turn)
@@ -229,6 +245,8 @@ class Player:
             heard = self._boundaries.popleft()
         if heard is not None:
             out.append(Heard(heard.turn, heard.seq, heard.chars))
+        while self._sent_clips and self._sent_clips[0].end <= self.played:
+            self._sent_clips.popleft()
         return out
 
     def _send_frame(self) -> list[Output]:
@@ -243,7 +261,7 @@ class Player:
             b = self._unmarked.popleft()
             out.append(Mark(b.turn, b.mark, b.seq, b.chars, b.word))
         if self.sent >= clip.end:
-            self._clips.popleft()
+            self._sent_clips.append(self._clips.popleft())
         return out
 
     def _done(self) -> Done | None:

@@ -1,0 +1,45 @@
+"""Reading carriers' JSON messages: the checks every carrier module makes, said once."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from bargein.edge.carriers.abc import CallerAudio, CarrierError, Ignored
+
+
+def message_of(text: str) -> dict[str, Any]:
+    try:
+        return object_of(json.loads(text), "a message")
+    except json.JSONDecodeError as exc:
+        raise CarrierError(f"not JSON: {exc}") from None
+
+
+def object_of(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CarrierError(f"{what} must be an object")
+    return value
+
+
+def text_of(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise CarrierError(f"{what} must be a non-empty string")
+    return value
+
+
+def caller_audio(message: dict[str, Any]) -> CallerAudio | Ignored:
+    """A ``media`` message's base64 payload, if it is the caller's (the ``inbound`` track)."""
+    media = object_of(message.get("media"), "media")
+    if media.get("track", "inbound") != "inbound":
+        return Ignored("media of another track")
+    try:
+        return CallerAudio(base64.b64decode(text_of(media.get("payload"), "media.payload"), validate=True))
+    except binascii.Error:
+        raise CarrierError("media.payload is not base64") from None
+
+
+def media_message(ulaw: bytes, **fields: Any) -> str:
+    """A ``media`` message to a carrier, with whatever else it wants beside the payload."""
+    return json.dumps({"event": "media", **fields, "media": {"payload": base64.b64encode(ulaw).decode()}})

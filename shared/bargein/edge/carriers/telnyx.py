@@ -1,0 +1,131 @@
+"""Telnyx media streaming over TeXML (``<Connect><Stream bidirectionalMode="rtp">``), as Telnyx's
+"Media Streaming" and TeXML references document it. How it differs from Twilio's, which is why
+it is the second carrier:
+
+* messages are snake case (``stream_id``, ``sequence_number``, ``call_control_id``), and messages
+  to Telnyx name no stream;
+* ``<Stream>`` takes no custom parameters we rely on: the session and its token ride in the
+  stream URL's query;
+* webhooks are signed with Ed25519 (``telnyx-signature-ed25519`` over ``<telnyx-timestamp>|<body>``,
+  checked with the account's public key, and refused when older than
+  ``BARGEIN_PHONE_SIGNATURE_MAX_AGE_S``), not an HMAC of the URL;
+* outbound calls go through ``POST /v2/texml/calls/{connection_id}`` with a bearer key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from urllib.parse import urlencode
+from xml.sax.saxutils import quoteattr
+
+import httpx
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from bargein.edge.carriers.abc import (
+    SESSION_PARAMETER,
+    TOKEN_PARAMETER,
+    Carrier,
+    CarrierError,
+    CarrierEvent,
+    Dialled,
+    Ignored,
+    KeyPressed,
+    MarkPlayed,
+    StreamStarted,
+    StreamStopped,
+    Webhook,
+)
+from bargein.edge.carriers.reading import caller_audio, media_message, message_of, object_of, text_of
+
+DIAL_TIMEOUT_S = 15.0
+
+
+class Telnyx(Carrier):
+    name = "telnyx"
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.settings.telnyx_public_key)
+
+    def _public_key(self) -> Ed25519PublicKey:
+        try:
+            return Ed25519PublicKey.from_public_bytes(base64.b64decode(self.settings.telnyx_public_key or ""))
+        except (ValueError, binascii.Error):
+            raise CarrierError("BARGEIN_TELNYX_PUBLIC_KEY is not a base64 Ed25519 public key") from None
+
+    def verify(self, request: Webhook) -> None:
+        signature = request.headers.get("telnyx-signature-ed25519")
+        stamp = request.headers.get("telnyx-timestamp", "")
+        if not signature or not stamp.isdigit():
+            raise CarrierError("no telnyx-signature-ed25519 / telnyx-timestamp: not a request from Telnyx")
+        if abs(time.time() - int(stamp)) > self.settings.phone_signature_max_age_s:
+            raise CarrierError("the signed timestamp is too old (a replayed request?)")
+        try:
+            self._public_key().verify(base64.b64decode(signature), stamp.encode() + b"|" + request.body)
+        except (InvalidSignature, binascii.Error):
+            raise CarrierError("telnyx-signature-ed25519 does not match (a forged request?)") from None
+
+    def answer(self, media_url: str, session_id: str, token: str) -> tuple[str, str]:
+        url = f"{media_url}?{urlencode({SESSION_PARAMETER: session_id, TOKEN_PARAMETER: token})}"
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?><Response><Connect>'
+            f'<Stream url={quoteattr(url)} bidirectionalMode="rtp" bidirectionalCodec="PCMU" />'
+            "</Connect></Response>"
+        )
+        return body, "text/xml"
+
+    def parse(self, text: str) -> CarrierEvent:
+        message = message_of(text)
+        event = message.get("event")
+        if event == "media":
+            return caller_audio(message)
+        if event == "start":
+            start = object_of(message.get("start"), "start")
+            encoding = object_of(start.get("media_format", {}), "start.media_format").get("encoding", "PCMU")
+            if encoding != "PCMU":
+                raise CarrierError(f"the stream is {encoding}; bargein speaks PCMU (μ-law)")
+            return StreamStarted(
+                stream_id=text_of(message.get("stream_id"), "stream_id"),
+                call_id=text_of(start.get("call_control_id"), "start.call_control_id"),
+            )
+        if event == "mark":
+            return MarkPlayed(text_of(object_of(message.get("mark"), "mark").get("name"), "mark.name"))
+        if event == "dtmf":
+            return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
+        if event == "stop":
+            return StreamStopped()
+        if event in ("connected", "error"):
+            return Ignored(str(event))
+        raise CarrierError(f"unknown event {event!r}")
+
+    def media(self, stream_id: str, ulaw: bytes) -> str:
+        return media_message(ulaw)
+
+    def mark(self, stream_id: str, name: str) -> str:
+        return json.dumps({"event": "mark", "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> str:
+        return json.dumps({"event": "clear"})
+
+    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+        key, connection = self.settings.telnyx_api_key, self.settings.telnyx_connection_id
+        if not key or not connection:
+            raise CarrierError("set BARGEIN_TELNYX_API_KEY and BARGEIN_TELNYX_CONNECTION_ID to place calls")
+        url = f"{self.settings.telnyx_api_url.rstrip('/')}/v2/texml/calls/{connection}"
+        async with httpx.AsyncClient(timeout=DIAL_TIMEOUT_S) as client:
+            response = await client.post(
+                url,
+                json={"To": to, "From": from_, "Url": webhook_url, "UrlMethod": "POST"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        if response.status_code >= 300:
+            raise CarrierError(f"Telnyx refused the call: HTTP {response.status_code} {response.text[:300]}")
+        body = response.json()
+        data = body.get("data", body) if isinstance(body, dict) else {}
+        return Dialled(
+            call_id=str(data.get("call_sid") or data.get("sid") or ""), status=str(data.get("status", ""))
+        )

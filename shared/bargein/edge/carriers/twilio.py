@@ -1,0 +1,113 @@
+"""Twilio Media Streams, bidirectional (``<Connect><Stream>``), as Twilio's "Media Streams -
+WebSocket Messages" reference documents them.
+
+From Twilio: ``connected``; ``start`` (``start.streamSid``, ``start.callSid``,
+``start.customParameters``); ``media`` (``media.payload``: base64 μ-law 8 kHz of the ``inbound``
+track); ``dtmf`` (``dtmf.digit``); ``mark`` (``mark.name``, once the audio sent before it has
+played, or was dropped by a ``clear``); ``stop``. To Twilio: ``media``, ``mark`` and ``clear``, each
+naming the ``streamSid``.
+
+The webhook's signature (``X-Twilio-Signature``) and its TwiML come from Twilio's own library,
+and so does the outbound call (its REST client, pointed at ``BARGEIN_TWILIO_API_URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from twilio.base.exceptions import TwilioException
+from twilio.request_validator import RequestValidator
+from twilio.rest import Client
+from twilio.twiml.voice_response import Connect, VoiceResponse
+
+from bargein.edge.carriers.abc import (
+    SESSION_PARAMETER,
+    TOKEN_PARAMETER,
+    Carrier,
+    CarrierError,
+    CarrierEvent,
+    Dialled,
+    Ignored,
+    KeyPressed,
+    MarkPlayed,
+    StreamStarted,
+    StreamStopped,
+    Webhook,
+)
+from bargein.edge.carriers.reading import caller_audio, media_message, message_of, object_of, text_of
+
+
+class Twilio(Carrier):
+    name = "twilio"
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.settings.twilio_auth_token)
+
+    def verify(self, request: Webhook) -> None:
+        signature = request.headers.get("x-twilio-signature")
+        if not signature:
+            raise CarrierError("no X-Twilio-Signature: not a request from Twilio")
+        validator = RequestValidator(self.settings.twilio_auth_token or "")
+        if not validator.validate(request.url, dict(request.form), signature):
+            raise CarrierError(
+                "X-Twilio-Signature does not match (a forged request, or the wrong auth token)"
+            )
+
+    def answer(self, media_url: str, session_id: str, token: str) -> tuple[str, str]:
+        response = VoiceResponse()
+        connect = Connect()
+        stream = connect.stream(url=media_url)
+        stream.parameter(name=SESSION_PARAMETER, value=session_id)
+        stream.parameter(name=TOKEN_PARAMETER, value=token)
+        response.append(connect)
+        return str(response), "text/xml"
+
+    def parse(self, text: str) -> CarrierEvent:
+        message = message_of(text)
+        event = message.get("event")
+        if event == "media":
+            return caller_audio(message)
+        if event == "start":
+            start = object_of(message.get("start"), "start")
+            parameters = object_of(start.get("customParameters", {}), "start.customParameters")
+            return StreamStarted(
+                stream_id=text_of(start.get("streamSid") or message.get("streamSid"), "start.streamSid"),
+                call_id=text_of(start.get("callSid"), "start.callSid"),
+                parameters={str(k): str(v) for k, v in parameters.items()},
+            )
+        if event == "mark":
+            return MarkPlayed(text_of(object_of(message.get("mark"), "mark").get("name"), "mark.name"))
+        if event == "dtmf":
+            return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
+        if event == "stop":
+            return StreamStopped()
+        if event == "connected":
+            return Ignored("connected")
+        raise CarrierError(f"unknown event {event!r}")
+
+    def media(self, stream_id: str, ulaw: bytes) -> str:
+        return media_message(ulaw, streamSid=stream_id)
+
+    def mark(self, stream_id: str, name: str) -> str:
+        return json.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}})
+
+    def clear(self, stream_id: str) -> str:
+        return json.dumps({"event": "clear", "streamSid": stream_id})
+
+    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+        sid, token = self.settings.twilio_account_sid, self.settings.twilio_auth_token
+        if not sid or not token:
+            raise CarrierError("set BARGEIN_TWILIO_ACCOUNT_SID and BARGEIN_TWILIO_AUTH_TOKEN to place calls")
+        client = Client(sid, token)
+        client.api.base_url = self.settings.twilio_api_url.rstrip("/")
+
+        def place() -> Dialled:
+            call = client.calls.create(to=to, from_=from_, url=webhook_url, method="POST")
+            return Dialled(call_id=str(call.sid), status=str(call.status))
+
+        try:
+            return await asyncio.to_thread(place)  # the REST client blocks
+        except TwilioException as exc:
+            raise CarrierError(f"Twilio refused the call: {exc}") from exc

@@ -1,0 +1,300 @@
+"""Phone calls: a carrier's voice webhook and media stream, joined to a session like any caller.
+
+The path of a call (docs/telephony.md):
+
+1. The carrier POSTs ``/v1/<carrier>/voice`` when a call comes in (or an outbound one is answered).
+   The signature is checked, a session is created, and the reply is markup that connects the
+   call's audio to ``/v1/<carrier>/media`` with the session and a caller token.
+2. The carrier opens that WebSocket and announces the stream; the token is checked as any
+   caller's, and the stream joins the session as a caller that hears audio and reports playback.
+3. The caller's μ-law 8 kHz becomes PCM16 16 kHz for the speech tier; key presses become DTMF
+   events; the hang-up ends the session on every tier.
+4. The agent's voice goes out as μ-law frames with a mark after each word: the carrier echoes a
+   mark when the caller has heard it, which is what the history keeps after a barge-in. A barge-in
+   (and the soft barge-in's pause) sends ``clear``; marks the carrier echoes for audio a clear
+   dropped are not counted as heard.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from bargein.edge.carriers.abc import (
+    SESSION_PARAMETER,
+    TOKEN_PARAMETER,
+    CallerAudio,
+    Carrier,
+    CarrierError,
+    KeyPressed,
+    MarkPlayed,
+    StreamStarted,
+    StreamStopped,
+    Webhook,
+)
+from bargein.edge.carriers.codec import LineAudio
+from bargein.edge.carriers.telnyx import Telnyx
+from bargein.edge.carriers.twilio import Twilio
+from bargein.edge.core import AudioOut, Connection, Edge, Frame
+from bargein.edge.protocol import AnyServerFrame, AudioMark, Clear, End, KeyPress, Pause
+from bargein.edge.tokens import TokenError, Tokens
+from bargein.errors import BrokerUnavailable
+from bargein.settings import TelephonySettings
+from bargein.wire.envelope import SESSION_ID_PATTERN
+
+log = logging.getLogger("bargein.edge.phone")
+
+CARRIERS: dict[str, type[Carrier]] = {carrier.name: carrier for carrier in (Twilio, Telnyx)}
+LINE_AUDIO = "mulaw"  # a phone connection's audio (the carrier's codec; the wire converts)
+VOICE_QUERY = "voice"  # ``/v1/<carrier>/voice?voice=...`` picks the agent's voice
+CLOSE_REFUSED = 4401
+CLOSE_UNKNOWN = 4404
+
+
+def carriers_from(settings: TelephonySettings) -> dict[str, Carrier]:
+    return {name: cls(settings) for name, cls in CARRIERS.items()}
+
+
+class CarrierWire:
+    """What a session says to one phone call, in its carrier's messages (see :class:`~.core.Wire`)."""
+
+    drops_buffer_on_pause = True  # a carrier cannot pause playback: a pause is a clear and a rewind
+
+    def __init__(self, ws: WebSocket, carrier: Carrier, stream_id: str) -> None:
+        self.ws = ws
+        self.carrier = carrier
+        self.stream_id = stream_id
+        self.line = LineAudio()
+        self._pending: set[str] = set()  # marks sent, not yet echoed
+        self._dropped: set[str] = set()  # marks a clear threw away: their echo is not "heard"
+
+    async def send(self, frame: Frame) -> None:
+        if isinstance(frame, AudioOut):
+            for chunk in self.line.to_line(frame.pcm):
+                await self.ws.send_text(self.carrier.media(self.stream_id, chunk))
+        elif isinstance(frame, AudioMark):
+            name = f"{frame.turn}.{frame.mark}"
+            self._pending.add(name)
+            await self.ws.send_text(self.carrier.mark(self.stream_id, name))
+        elif isinstance(frame, Clear | Pause):
+            self.line.drop_pending()
+            self._dropped |= self._pending
+            self._pending.clear()
+            await self.ws.send_text(self.carrier.clear(self.stream_id))
+        # text, transcripts and the rest are for screens: a phone line has none
+
+    def played(self, name: str) -> tuple[int, int] | None:
+        """The (turn, mark) the caller has now heard, from the carrier's echo of mark ``name``;
+        None for a mark a clear dropped, or one that is not ours."""
+        if name in self._dropped:
+            self._dropped.discard(name)
+            return None
+        self._pending.discard(name)
+        turn, _, mark = name.partition(".")
+        if not (turn.isdigit() and mark.isdigit()):
+            return None
+        return int(turn), int(mark)
+
+    async def close(self, code: int, last: AnyServerFrame | None) -> None:
+        try:
+            await self.ws.close(code)
+        except Exception as exc:  # already gone
+            log.debug("closing a %s stream: %s", self.carrier.name, exc)
+
+
+def _public_url(request: Request, public_url: str | None) -> str:
+    """The URL the carrier requested, as it knows it (signatures cover it): behind a proxy, the
+    edge's public URL (``BARGEIN_PUBLIC_URL``) with this request's path and query."""
+    if public_url is None:
+        return str(request.url)
+    query = f"?{request.url.query}" if request.url.query else ""
+    return f"{public_url.rstrip('/')}{request.url.path}{query}"
+
+
+def phone_routes(
+    edge: Edge,
+    tokens: Tokens,
+    carriers: Mapping[str, Carrier],
+    *,
+    public_url: str | None,
+    agent_options: Mapping[str, Any],
+    read_body: Callable[[Request], Any],
+) -> list[BaseRoute]:
+    """``/v1/<carrier>/voice`` and ``/v1/<carrier>/media`` for each carrier."""
+
+    def refuse(carrier: Carrier, why: str, status: int = 403) -> Response:
+        edge.count(f"{carrier.name}_webhooks_refused")
+        log.warning("%s webhook refused: %s", carrier.name, why)
+        return JSONResponse({"error": {"code": "forbidden", "message": why}}, status_code=status)
+
+    def voice_endpoint(carrier: Carrier) -> Callable[[Request], Any]:
+        async def voice(request: Request) -> Response:
+            if not carrier.configured:
+                return refuse(carrier, f"{carrier.name} is not configured on this edge (docs/telephony.md)")
+            body = await read_body(request)
+            if body is None:
+                return refuse(carrier, "the body is too large", 413)
+            form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+            webhook = Webhook(_public_url(request, public_url), dict(request.headers), body, form)
+            try:
+                carrier.verify(webhook)
+            except CarrierError as exc:
+                return refuse(carrier, str(exc))
+            if edge.overloaded:
+                edge.count("sessions_refused_overloaded")
+                return JSONResponse(
+                    {"error": {"code": "overloaded"}}, status_code=503, headers={"Retry-After": "1"}
+                )
+            query = dict(request.query_params)
+            voice_name = query.pop(VOICE_QUERY, None)
+            session_id = await edge.create_session({**agent_options, **query}, {}, voice_name)
+            edge.count(f"{carrier.name}_calls")
+            base = public_url or str(request.base_url).rstrip("/")
+            media_url = base.replace("https://", "wss://").replace("http://", "ws://").rstrip("/")
+            markup, media_type = carrier.answer(
+                f"{media_url}/v1/{carrier.name}/media", session_id, tokens.issue(session_id, "caller")
+            )
+            log.info(
+                "session %s: a %s call (%s), answered", session_id, carrier.name, form.get("CallSid", "?")
+            )
+            return Response(markup, media_type=media_type)
+
+        return voice
+
+    def media_endpoint(carrier: Carrier) -> Callable[[WebSocket], Any]:
+        async def media(ws: WebSocket) -> None:
+            await ws.accept()
+            call = _Call(edge, tokens, carrier, ws)
+            try:
+                while not call.over:
+                    incoming = await ws.receive()
+                    if incoming["type"] == "websocket.disconnect":
+                        break
+                    await call.handle(incoming.get("text"))
+            except WebSocketDisconnect:
+                pass
+            finally:
+                await call.hang_up()
+
+        return media
+
+    routes: list[BaseRoute] = []
+    for carrier in carriers.values():
+        routes.append(Route(f"/v1/{carrier.name}/voice", voice_endpoint(carrier), methods=["POST"]))
+        routes.append(WebSocketRoute(f"/v1/{carrier.name}/media", media_endpoint(carrier)))
+    return routes
+
+
+class _Call:
+    """One carrier stream, from its ``start`` to its ``stop``."""
+
+    def __init__(self, edge: Edge, tokens: Tokens, carrier: Carrier, ws: WebSocket) -> None:
+        self.edge, self.tokens, self.carrier, self.ws = edge, tokens, carrier, ws
+        self.connection: Connection | None = None
+        self.wire: CarrierWire | None = None
+        self.over = False
+
+    def _bad(self, what: str) -> None:
+        self.edge.count(f"{self.carrier.name}_bad_messages")
+        log.warning("%s stream: %s", self.carrier.name, what)
+
+    async def handle(self, text: str | None) -> None:
+        if text is None:
+            self._bad("a binary message (the protocol is JSON text)")
+            return
+        try:
+            event = self.carrier.parse(text)
+        except CarrierError as exc:
+            self._bad(str(exc))
+            return
+        if isinstance(event, StreamStarted):
+            await self._start(event)
+            return
+        if self.connection is None or self.wire is None:
+            if not isinstance(event, StreamStopped):
+                self.edge.count(f"{self.carrier.name}_before_start")
+            return
+        try:
+            if isinstance(event, CallerAudio):
+                pcm = self.wire.line.from_line(event.ulaw)
+                if pcm:
+                    await self.edge.client_audio(self.connection, pcm)  # refusals are counted there
+            elif isinstance(event, KeyPressed):
+                try:
+                    key = KeyPress(type="dtmf", button=event.digit)
+                except ValueError:
+                    self._bad(f"not a keypad digit: {event.digit!r}")
+                    return
+                await self.edge.client_message(self.connection, key)
+            elif isinstance(event, MarkPlayed):
+                heard = self.wire.played(event.name)
+                if heard is not None:
+                    self.connection.session.played_mark(*heard)
+            elif isinstance(event, StreamStopped):
+                await self.hang_up()
+        except BrokerUnavailable as exc:  # a phone line cannot be told: counted, and the call goes on
+            self.edge.count("unavailable")
+            log.warning("session %s: %s", self.connection.session.session_id, exc)
+
+    async def _start(self, event: StreamStarted) -> None:
+        if self.connection is not None:
+            self._bad("a second start")
+            return
+        session_id = event.parameters.get(SESSION_PARAMETER) or self.ws.query_params.get(
+            SESSION_PARAMETER, ""
+        )
+        token = event.parameters.get(TOKEN_PARAMETER) or self.ws.query_params.get(TOKEN_PARAMETER)
+        known = bool(SESSION_ID_PATTERN.fullmatch(session_id)) and await self.edge.known(session_id)
+        if not known:
+            self.edge.count("unknown_sessions")
+            log.warning("%s stream %s: no session %r", self.carrier.name, event.stream_id, session_id)
+            await self.ws.close(CLOSE_UNKNOWN)
+            self.over = True
+            return
+        try:
+            self.tokens.check(token, session_id, "caller")
+        except TokenError as exc:
+            self.edge.count("bad_tokens")
+            log.warning("%s stream %s: %s", self.carrier.name, event.stream_id, exc)
+            await self.ws.close(CLOSE_REFUSED)
+            self.over = True
+            return
+        self.wire = CarrierWire(self.ws, self.carrier, event.stream_id)
+        self.connection = await self.edge.join(session_id, self.wire, "caller", True, LINE_AUDIO)
+        log.info(
+            "session %s: %s stream %s of call %s joined",
+            session_id,
+            self.carrier.name,
+            event.stream_id,
+            event.call_id,
+        )
+
+    async def hang_up(self) -> None:
+        """The caller is gone (``stop``, or the stream dropped: a carrier never reconnects one):
+        the session ends on every tier."""
+        if self.over:
+            return
+        self.over = True
+        if self.connection is None:
+            return
+        connection, started = self.connection, time.monotonic()
+        self.edge.leave(connection)
+        if not connection.session.ended:
+            try:
+                await self.edge.client_message(connection, End(type="end"))
+            except Exception as exc:  # the broker is away: the owners end it when idle
+                log.warning("session %s: hang-up not told: %s", connection.session.session_id, exc)
+        log.info(
+            "session %s: the %s caller hung up (%.0f ms to end it)",
+            connection.session.session_id,
+            self.carrier.name,
+            (time.monotonic() - started) * 1000,
+        )

@@ -1,0 +1,207 @@
+"""Phone calls over real services, from a simulated carrier written to Twilio's (and Telnyx's)
+published protocol (tests/carrier.py): the caller's μ-law reaches the agent as words, the answer
+comes back as μ-law with a mark after each word, a barge-in clears the line and the agent's
+history keeps only what the carrier said was played, key presses reach the agent, a hang-up ends
+the session on every tier, and forged webhooks, tokens and streams are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from bargein.edge.tokens import Tokens
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import TIER_REASONING, TIER_SPEECH
+from tests.broadcast.test_voice import ALPHABET, history, speech_of
+from tests.carrier import TelnyxStream, from_line, ring, ring_telnyx, streamed
+from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
+
+AUTH_TOKEN = "twilio-auth-token-for-tests"
+EDGE_SECRET = "phone-tests-edge-secret"
+TELNYX_KEY = Ed25519PrivateKey.generate()
+TELNYX_PUBLIC = base64.b64encode(
+    TELNYX_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+).decode()
+T = 30.0
+
+
+@pytest.fixture(scope="module")
+def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    reset_shared_queues(rabbitmq_url, redis_url)
+    env = cluster_env(
+        rabbitmq_url,
+        redis_url,
+        BARGEIN_PORT="0",
+        BARGEIN_REPORT_INTERVAL_MS="20",
+        BARGEIN_EDGE_SECRET=EDGE_SECRET,
+        BARGEIN_TWILIO_AUTH_TOKEN=AUTH_TOKEN,
+        BARGEIN_TELNYX_PUBLIC_KEY=TELNYX_PUBLIC,
+        BARGEIN_PHONE_AGENT_OPTIONS=json.dumps(
+            {"agent": "tests.integration.agents:probe", "say": ALPHABET, "word_delay": 0.005}
+        ),
+    )
+    with Cluster(env, Path(tmp_path_factory.mktemp("phone"))) as cluster:
+        cluster.start()
+        cluster.start("services.speech")
+        yield cluster.start_edge()
+
+
+class Listener:
+    """The session's text, as a listener sees it (the test's window on what the agent says)."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+
+    def text(self) -> str:
+        return "".join(f["text"] for f in self.frames if f["type"] == "agent_chunk")
+
+    async def wait(self, what: str, timeout: float = T) -> None:
+        deadline = time.monotonic() + timeout
+        while what not in self.text().lower():
+            assert time.monotonic() < deadline, f"{what!r} never said; said {self.text()!r}"
+            await asyncio.sleep(0.05)
+
+
+async def _listen(base: str, session_id: str, listener: Listener) -> None:
+    token = Tokens(EDGE_SECRET, 3600).issue(session_id, "listener")
+    url = base.replace("http://", "ws://") + f"/v1/sessions/{session_id}/ws?token={token}&role=listener"
+    async with websockets.connect(url) as ws:
+        async for raw in ws:
+            if isinstance(raw, str):
+                listener.frames.append(json.loads(raw))
+
+
+class listening:
+    def __init__(self, base: str, session_id: str) -> None:
+        self.base, self.session_id, self.listener = base, session_id, Listener()
+
+    async def __aenter__(self) -> Listener:
+        self.task = asyncio.create_task(_listen(self.base, self.session_id, self.listener))
+        return self.listener
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.task.cancel()
+
+
+async def ended_everywhere(redis_url: str, session_id: str, timeout: float = T) -> None:
+    store = RedisStateStore.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while any([await store.session_info(tier, session_id) for tier in (TIER_REASONING, TIER_SPEECH)]):
+            assert time.monotonic() < deadline, "the session lives on after the hang-up"
+            await asyncio.sleep(0.1)
+    finally:
+        await store.close()
+
+
+def loud(ulaw: bytes) -> bool:
+    return len(ulaw) > 0 and float(np.sqrt(np.mean(from_line(ulaw).astype(np.float64) ** 2))) > 300
+
+
+async def until(condition: Any, timeout: float = T, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+# --- refusals --------------------------------------------------------------------------------------
+
+
+async def test_a_forged_unsigned_or_tampered_webhook_is_refused(stack: str) -> None:
+    assert (await ring(stack, AUTH_TOKEN, signature="bm90IGEgc2lnbmF0dXJl")).status == 403
+    assert (await ring(stack, AUTH_TOKEN, signature="")).status == 403
+    assert (await ring(stack, "another-accounts-token")).status == 403
+    good = await ring(stack, AUTH_TOKEN)
+    assert good.status == 200, good.body
+    assert good.stream_url.startswith("ws://") and good.stream_url.endswith("/v1/twilio/media")
+    assert set(good.parameters) == {"session", "token"}
+
+
+async def test_a_stream_with_a_forged_token_or_an_unknown_session_is_refused(stack: str) -> None:
+    answer = await ring(stack, AUTH_TOKEN)
+    for parameters, code in (({"token": "forged"}, 4401), ({"session": "f" * 32}, 4404)):
+        async with streamed(answer, **parameters) as stream:
+            await asyncio.wait_for(stream.ws.wait_closed(), 10)
+            assert stream.ws.close_code == code
+
+
+async def test_telnyx_refuses_a_forged_or_replayed_webhook(stack: str) -> None:
+    assert (await ring_telnyx(stack, Ed25519PrivateKey.generate())).status == 403  # another key
+    assert (await ring_telnyx(stack, TELNYX_KEY, at=time.time() - 3600)).status == 403  # replayed
+    assert (await ring_telnyx(stack, TELNYX_KEY)).status == 200
+
+
+# --- calls -----------------------------------------------------------------------------------------
+
+
+async def test_a_phone_call_is_answered_aloud_and_a_barge_in_clears_the_line_and_cuts_the_history(
+    stack: str, redis_url: str
+) -> None:
+    answer = await ring(stack, AUTH_TOKEN)
+    session_id = answer.parameters["session"]
+    async with listening(stack, session_id) as listener, streamed(answer) as call:
+        await call.speak(speech_of("one_utterance.wav")[: 16000 * 2 * 3], then_silence_s=1.2)
+        await listener.wait("would like")  # the caller's words reached the agent (it says them back)
+        await until(lambda: loud(bytes(call.played)), what="the answer is never heard")
+        await asyncio.sleep(1.5)  # the agent is mid-answer: it has 40 words to say
+        marks_before = len(call.marks())
+        await call.speak(speech_of("barge_in.wav")[int(5.7 * 32000) :], then_silence_s=1.0)
+        await until(lambda: call.marks("clear"), what="a barge-in never cleared the line")
+        cleared_at = call.marks("clear")[0].at
+        cut_turn = int(call.marks()[marks_before - 1].name.split(".")[0])
+        await asyncio.sleep(1.0)
+        later = [m for m in call.marks() if m.at > cleared_at]
+        assert all(int(m.name.split(".")[0]) > cut_turn for m in later), later  # nothing more of it
+        heard_marks = [n for n in call.acked if int(n.split(".")[0]) == cut_turn]
+        full = "".join(
+            f["text"] for f in listener.frames if f["type"] == "agent_chunk" and f["turn"] == cut_turn
+        )
+        deadline = time.monotonic() + T
+        while len(said := (await history(redis_url, session_id))[0].split()) >= len(full.split()):
+            assert time.monotonic() < deadline, "the history was never cut"
+            await asyncio.sleep(0.2)
+        await call.hang_up()
+        await ended_everywhere(redis_url, session_id)
+    assert 0 < len(said) < len(full.split()), (said, full)  # cut, not whole
+    assert full.split()[: len(said)] == said  # what was said up to the cut, word for word
+    # the history keeps what the carrier said was played: never a word whose mark was dropped
+    assert len(said) <= len(heard_marks), (said, heard_marks)
+
+
+async def test_key_presses_reach_the_agent(stack: str) -> None:
+    answer = await ring(stack, AUTH_TOKEN, query="?agent=tests.integration.agents:keypad")
+    assert answer.status == 200, answer.body
+    async with listening(stack, answer.parameters["session"]) as listener, streamed(answer) as call:
+        await asyncio.sleep(0.5)
+        await call.press("1")
+        await call.press("2")
+        await listener.wait("you pressed 12")
+        await until(lambda: loud(bytes(call.played)), what="the answer to the keys is never heard")
+
+
+async def test_a_telnyx_call_is_heard_and_answered_and_its_hang_up_ends_it(
+    stack: str, redis_url: str
+) -> None:
+    answer = await ring_telnyx(stack, TELNYX_KEY)
+    assert "session=" in answer.stream_url and "token=" in answer.stream_url
+    session_id = answer.stream_url.split("session=")[1].split("&")[0]
+    async with listening(stack, session_id) as listener, streamed(answer, TelnyxStream) as call:
+        await call.speak(speech_of("one_utterance.wav")[: 16000 * 2 * 3], then_silence_s=1.2)
+        await listener.wait("would like")
+        await until(lambda: loud(bytes(call.played)), what="the answer is never heard")
+        await until(lambda: call.acked, what="no mark was ever echoed")
+        await call.hang_up()
+        await ended_everywhere(redis_url, session_id)

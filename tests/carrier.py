@@ -1,0 +1,245 @@
+"""A phone carrier, simulated from Twilio's public documentation (not from bargein's code): the
+voice webhook signed as "Webhooks security" describes (HMAC-SHA1 of the URL and the sorted POST
+parameters, base64, keyed with the auth token), the TwiML read back, and a Media Stream as "Media
+Streams - WebSocket Messages" describes it: ``connected``, ``start`` with the custom parameters,
+the caller's audio as base64 μ-law 8 kHz ``media`` every 20 ms at real time, ``dtmf``, ``stop``;
+the server's ``media`` played at real time, each ``mark`` echoed once the audio before it has
+played, and ``clear`` dropping what was not played and echoing the marks it dropped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+import uuid
+import warnings
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import soxr
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+FRAME_BYTES = 160  # 20 ms of μ-law at 8 kHz
+FRAME_S = 0.02
+
+
+def twilio_signature(auth_token: str, url: str, params: dict[str, str]) -> str:
+    payload = url + "".join(f"{key}{params[key]}" for key in sorted(params))
+    digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def to_line(pcm16k: bytes) -> bytes:
+    """16 kHz PCM16 → the 8 kHz μ-law a phone line carries."""
+    samples = soxr.resample(np.frombuffer(pcm16k, dtype="<i2"), 16000, 8000)
+    return audioop.lin2ulaw(np.asarray(samples, dtype="<i2").tobytes(), 2)
+
+
+def from_line(ulaw: bytes) -> np.ndarray:
+    return np.frombuffer(audioop.ulaw2lin(ulaw, 2), dtype="<i2")
+
+
+@dataclass
+class Answer:
+    status: int
+    stream_url: str = ""
+    parameters: dict[str, str] = field(default_factory=dict)
+    body: str = ""
+
+
+async def ring(
+    base: str, auth_token: str, *, query: str = "", signature: str | None = None, **form: str
+) -> Answer:
+    """Twilio's request to the voice webhook when a call comes in, and the TwiML it gets back."""
+    url = f"{base}/v1/twilio/voice{query}"
+    params = {"CallSid": f"CA{uuid.uuid4().hex}", "AccountSid": "AC" + "0" * 32, "From": "+15550100",
+              "To": "+15550199", "CallStatus": "ringing", **form}  # fmt: skip
+    headers = {
+        "X-Twilio-Signature": signature
+        if signature is not None
+        else twilio_signature(auth_token, url, params)
+    }
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(url, data=params, headers=headers)
+    answer = Answer(response.status_code, body=response.text)
+    if response.status_code == 200:
+        stream = ET.fromstring(response.text).find("./Connect/Stream")
+        assert stream is not None, response.text
+        answer.stream_url = stream.attrib["url"]
+        answer.parameters = {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
+    return answer
+
+
+@dataclass
+class Heard:
+    at: float  # monotonic
+    kind: str  # "media", "mark", "clear"
+    name: str = ""
+
+
+class MediaStream:
+    """One call's stream, from Twilio's side: it sends the caller and plays what comes back."""
+
+    twilio = True  # Twilio's spelling; TelnyxStream says the same in Telnyx's
+
+    def __init__(self, ws: ClientConnection, parameters: dict[str, str]) -> None:
+        self.ws = ws
+        self.parameters = parameters
+        self.stream_sid = f"MZ{uuid.uuid4().hex}"
+        self.call_sid = f"CA{uuid.uuid4().hex}"
+        self.sequence = 0
+        self.received: list[Heard] = []
+        self.played = bytearray()  # μ-law the caller heard, in order
+        self.acked: list[str] = []  # marks echoed after their audio played
+        self.dropped: list[str] = []  # marks echoed because a clear dropped them
+        self._queue: collections.deque[bytes | str] = collections.deque()  # audio and marks to play
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        self.sequence += 1
+        if self.twilio:
+            await self.ws.send(json.dumps({**message, "sequenceNumber": str(self.sequence)}))
+            return
+        message = {("stream_id" if k == "streamSid" else k): v for k, v in message.items()}
+        await self.ws.send(json.dumps({**message, "sequence_number": str(self.sequence)}))
+
+    async def start(self) -> None:
+        if not self.twilio:  # Telnyx's "Media Streaming": connected, then start, snake case
+            await self.ws.send(json.dumps({"event": "connected", "version": "1.0.0"}))
+            await self._send({
+                "event": "start", "streamSid": self.stream_sid,
+                "start": {"user_id": str(uuid.uuid4()), "call_control_id": f"v3:{uuid.uuid4().hex}",
+                          "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}},
+            })  # fmt: skip
+            self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._play())]
+            return
+        await self.ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+        await self._send({
+            "event": "start", "streamSid": self.stream_sid,
+            "start": {"accountSid": "AC" + "0" * 32, "streamSid": self.stream_sid, "callSid": self.call_sid,
+                      "tracks": ["inbound"], "customParameters": self.parameters,
+                      "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}},
+        })  # fmt: skip
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._play())]
+
+    async def speak(self, pcm16k: bytes, then_silence_s: float = 0.0) -> None:
+        """The caller's audio, at real time, then silence (the line never goes quiet in bytes)."""
+        line = to_line(pcm16k) + b"\xff" * int(then_silence_s * 8000)
+        started = time.monotonic()
+        for chunk, offset in enumerate(range(0, len(line), FRAME_BYTES), start=1):
+            payload = base64.b64encode(line[offset : offset + FRAME_BYTES]).decode()
+            await self._send({"event": "media", "streamSid": self.stream_sid,
+                              "media": {"track": "inbound", "chunk": str(chunk),
+                                        "timestamp": str(int(offset / 8)), "payload": payload}})  # fmt: skip
+            await asyncio.sleep(max(0.0, started + chunk * FRAME_S - time.monotonic()))
+
+    async def press(self, digit: str) -> None:
+        await self._send({"event": "dtmf", "streamSid": self.stream_sid,
+                          "dtmf": {"track": "inbound_track", "digit": digit}})  # fmt: skip
+
+    async def hang_up(self) -> None:
+        await self._send({"event": "stop", "streamSid": self.stream_sid,
+                          "stop": {"accountSid": "AC" + "0" * 32, "callSid": self.call_sid}})  # fmt: skip
+
+    async def _listen(self) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for raw in self.ws:
+                message = json.loads(raw)
+                if self.twilio:
+                    assert message.get("streamSid") == self.stream_sid, message  # every reply names it
+                event, now = message["event"], time.monotonic()
+                if event == "media":
+                    self.received.append(Heard(now, "media"))
+                    self._queue.append(base64.b64decode(message["media"]["payload"]))
+                elif event == "mark":
+                    self.received.append(Heard(now, "mark", message["mark"]["name"]))
+                    self._queue.append(message["mark"]["name"])
+                elif event == "clear":
+                    self.received.append(Heard(now, "clear"))
+                    for item in list(self._queue):  # the marks not reached are sent back at once
+                        if isinstance(item, str):
+                            await self._echo(item, dropped=True)
+                    self._queue.clear()
+                else:
+                    raise AssertionError(f"Twilio does not know {event!r}")
+
+    async def _echo(self, name: str, dropped: bool = False) -> None:
+        (self.dropped if dropped else self.acked).append(name)
+        await self._send({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": name}})
+
+    async def _play(self) -> None:
+        """The caller's earpiece: 20 ms of audio every 20 ms; a mark is echoed when reached."""
+        with contextlib.suppress(websockets.ConnectionClosed):
+            next_at = time.monotonic()
+            while True:
+                while self._queue and isinstance(self._queue[0], str):
+                    await self._echo(str(self._queue.popleft()))
+                if self._queue:
+                    audio = self._queue[0]
+                    assert isinstance(audio, bytes)
+                    self.played += audio[:FRAME_BYTES]
+                    if len(audio) > FRAME_BYTES:
+                        self._queue[0] = audio[FRAME_BYTES:]
+                    else:
+                        self._queue.popleft()
+                next_at += FRAME_S
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def marks(self, kind: str = "mark") -> list[Heard]:
+        return [h for h in self.received if h.kind == kind]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.ws.close()
+
+
+class TelnyxStream(MediaStream):
+    twilio = False
+
+
+async def ring_telnyx(base: str, private_key: Any, *, at: float | None = None, **form: str) -> Answer:
+    """Telnyx's TeXML request, signed with Ed25519 over ``<timestamp>|<body>``, and its TeXML."""
+    params = {"CallSid": f"v3:{uuid.uuid4().hex}", "From": "+15550100", "To": "+15550199", **form}
+    body = httpx.QueryParams(params).__str__().encode()
+    stamp = str(int(at if at is not None else time.time()))
+    signature = base64.b64encode(private_key.sign(stamp.encode() + b"|" + body)).decode()
+    headers = {"telnyx-signature-ed25519": signature, "telnyx-timestamp": stamp,
+               "content-type": "application/x-www-form-urlencoded"}  # fmt: skip
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(f"{base}/v1/telnyx/voice", content=body, headers=headers)
+    answer = Answer(response.status_code, body=response.text)
+    if response.status_code == 200:
+        stream = ET.fromstring(response.text).find("./Connect/Stream")
+        assert stream is not None and stream.attrib["bidirectionalMode"] == "rtp", response.text
+        answer.stream_url = stream.attrib["url"]
+    return answer
+
+
+@contextlib.asynccontextmanager
+async def streamed(
+    answer: Answer, kind: type[MediaStream] = MediaStream, **parameters: str
+) -> AsyncIterator[MediaStream]:
+    """The carrier connecting to the ``<Stream>`` of ``answer`` (``parameters`` replace its own)."""
+    async with websockets.connect(answer.stream_url, max_size=None) as ws:
+        stream = kind(ws, {**answer.parameters, **parameters})
+        await stream.start()
+        try:
+            yield stream
+        finally:
+            await stream.close()
