@@ -22,7 +22,8 @@ import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any, ClassVar
 
 import httpx
 import numpy as np
@@ -200,6 +201,12 @@ class MediaStream:
                 next_at += FRAME_S
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
+    def idle_for(self) -> float:
+        """Seconds since the last message from the server, once all it sent has played."""
+        if self._queue or not self.received:
+            return 0.0
+        return time.monotonic() - self.received[-1].at
+
     def marks(self, kind: str = "mark") -> list[Heard]:
         return [h for h in self.received if h.kind == kind]
 
@@ -243,3 +250,39 @@ async def streamed(
             yield stream
         finally:
             await stream.close()
+
+
+class CarrierApi(BaseHTTPRequestHandler):
+    """A stand-in for the carriers' REST APIs, as documented: Twilio's Calls resource (create a
+    call; update one's TwiML, a transfer) with basic auth and forms, Telnyx's TeXML calls and Call
+    Control transfer with a bearer key and JSON. Account ``AC123``, TeXML application
+    ``texml-app-1``."""
+
+    requests: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+        CarrierApi.requests.append(
+            {"path": self.path, "auth": self.headers.get("authorization"), "body": body}
+        )
+        if self.path.startswith("/2010-04-01/Accounts/AC123/Calls.json"):
+            reply: dict[str, Any] = {"sid": "CAdialled", "status": "queued"}
+        elif self.path.startswith("/2010-04-01/Accounts/AC123/Calls/"):
+            reply = {"sid": self.path.rsplit("/", 1)[1].removesuffix(".json"), "status": "in-progress"}
+        elif self.path.startswith("/v2/calls/") and self.path.endswith("/actions/transfer"):
+            reply = {"data": {"result": "ok"}}
+        elif self.path == "/v2/texml/calls/texml-app-1":
+            reply = {"call_sid": "v3:dialled", "status": "queued"}
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(reply).encode()
+        self.send_response(201)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass

@@ -10,38 +10,10 @@ import json
 import os
 import subprocess
 import sys
-from http.server import BaseHTTPRequestHandler
-from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
+from tests.carrier import CarrierApi
 from tests.loopback import Loopback
-
-
-class CarrierApi(BaseHTTPRequestHandler):
-    requests: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
-        CarrierApi.requests.append(
-            {"path": self.path, "auth": self.headers.get("authorization"), "body": body}
-        )
-        if self.path.startswith("/2010-04-01/Accounts/AC123/Calls.json"):
-            reply: dict[str, Any] = {"sid": "CAdialled", "status": "queued"}
-        elif self.path == "/v2/texml/calls/texml-app-1":
-            reply = {"call_sid": "v3:dialled", "status": "queued"}
-        else:
-            self.send_response(404)
-            self.end_headers()
-            return
-        data = json.dumps(reply).encode()
-        self.send_response(201)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def dial(api: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

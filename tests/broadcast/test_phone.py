@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -25,8 +26,10 @@ from bargein.edge.tokens import Tokens
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING, TIER_SPEECH
 from tests.broadcast.test_voice import ALPHABET, history, speech_of
-from tests.carrier import TelnyxStream, from_line, ring, ring_telnyx, streamed
+from tests.carrier import CarrierApi, MediaStream, TelnyxStream, from_line, ring, ring_telnyx, streamed
+from tests.integration.agents import OPERATOR
 from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
+from tests.loopback import Loopback
 
 AUTH_TOKEN = "twilio-auth-token-for-tests"
 EDGE_SECRET = "phone-tests-edge-secret"
@@ -38,7 +41,16 @@ T = 30.0
 
 
 @pytest.fixture(scope="module")
-def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def carrier_api() -> Iterator[str]:
+    """The carriers' REST APIs, where the edge sends transfers."""
+    with Loopback(CarrierApi) as server:
+        yield server.url.removesuffix("/v1")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory, carrier_api: str
+) -> Iterator[str]:
     reset_shared_queues(rabbitmq_url, redis_url)
     env = cluster_env(
         rabbitmq_url,
@@ -47,6 +59,8 @@ def stack(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFa
         BARGEIN_REPORT_INTERVAL_MS="20",
         BARGEIN_EDGE_SECRET=EDGE_SECRET,
         BARGEIN_TWILIO_AUTH_TOKEN=AUTH_TOKEN,
+        BARGEIN_TWILIO_ACCOUNT_SID="AC123",
+        BARGEIN_TWILIO_API_URL=carrier_api,
         BARGEIN_TELNYX_PUBLIC_KEY=TELNYX_PUBLIC,
         BARGEIN_PHONE_AGENT_OPTIONS=json.dumps(
             {"agent": "tests.integration.agents:probe", "say": ALPHABET, "word_delay": 0.005}
@@ -205,3 +219,47 @@ async def test_a_telnyx_call_is_heard_and_answered_and_its_hang_up_ends_it(
         await until(lambda: call.acked, what="no mark was ever echoed")
         await call.hang_up()
         await ended_everywhere(redis_url, session_id)
+
+
+async def test_the_agents_transfer_moves_the_phone_call_to_the_number_and_ends_the_session(
+    stack: str, redis_url: str
+) -> None:
+    CarrierApi.requests.clear()
+    answer = await ring(stack, AUTH_TOKEN, query="?agent=tests.integration.agents:operator")
+    async with streamed(answer) as call:
+        await asyncio.sleep(0.5)
+        await call.press("0")
+        await asyncio.wait_for(call.ws.wait_closed(), T)  # the stream ends: the call is elsewhere
+    (update,) = [r for r in CarrierApi.requests if call.call_sid in r["path"]]
+    assert update["path"] == f"/2010-04-01/Accounts/AC123/Calls/{call.call_sid}.json"
+    assert f"<Dial>{OPERATOR}</Dial>" in parse_qs(update["body"])["Twiml"][0]
+    await ended_everywhere(redis_url, answer.parameters["session"])
+
+
+async def answered_call(stack: str, cough: bytes | None) -> MediaStream:
+    """A call whose agent says nine words of its own after the caller's first words, with
+    ``cough`` said a second into its voice; the carrier's record once all of it has played."""
+    words = "alpha+bravo+charlie+delta+echo+foxtrot+golf+hotel+india"
+    answer = await ring(stack, AUTH_TOKEN, query=f"?echo=no&say={words}&word_delay=0.005")
+    async with streamed(answer) as call:
+        await call.speak(speech_of("one_utterance.wav")[: 16000 * 2 * 3], then_silence_s=1.2)
+        await until(lambda: loud(bytes(call.played)), what="the answer is never heard")
+        await asyncio.sleep(1.0)
+        if cough is not None:
+            await call.speak(cough, then_silence_s=1.0)
+        await until(lambda: call.idle_for() > 2.0, what="the answer never ended")
+    return call
+
+
+async def test_a_cough_on_the_line_pauses_the_voice_with_a_clear_and_nothing_is_lost_or_repeated(
+    stack: str,
+) -> None:
+    control = await answered_call(stack, None)
+    cough = speech_of("short_burst.wav")[: int(0.2 * 16000) * 2]  # 200 ms of a "Hmm."
+    call = await answered_call(stack, cough)
+    assert call.marks("clear"), "the cough did not pause the agent (a carrier's pause is a clear)"
+    assert not control.marks("clear")
+    # the turn went on after the pause: its marks keep coming, and every word was heard once
+    assert list(dict.fromkeys(call.acked)) == list(dict.fromkeys(control.acked))
+    # as much audio played as without the cough (a frame is 160 bytes; eSpeak NG varies a little)
+    assert abs(len(call.played.rstrip(b"\xff")) - len(control.played.rstrip(b"\xff"))) < 480

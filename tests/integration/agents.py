@@ -26,6 +26,7 @@ from bargein import (
     Message,
     ReasoningNode,
     SessionInfo,
+    TransferCall,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -75,6 +76,8 @@ class ProbeNode(ReasoningNode):
         words = " ".join(
             ev.content for ev in context.events if isinstance(ev, UserTranscriptionReceived)
         ).split()
+        if self._options.get("echo") == "no":  # only its own words: the same answer whatever was heard
+            words = []
         words += [f"tail{i}" for i in range(int(self._options.get("tail", 0)))]
         words += str(self._options.get("say", "")).split()  # words of its own (to be spoken, say)
         delay = float(self._options.get("word_delay", 0.02))
@@ -118,5 +121,23 @@ def keypad(session: SessionInfo) -> Bridge:
     node = KeypadNode()
     bridge = Bridge(node)
     bridge.on(DTMFInputEvent).map(node.add_event)
+    bridge.on(DTMFInputEvent).stream(node.generate).broadcast()
+    return bridge
+
+
+OPERATOR = "+15550001111"
+
+
+class OperatorNode(ReasoningNode):
+    """Any key puts the caller through to the operator (the agent's ``TransferCall``)."""
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        yield AgentResponse(content="Putting you through.")
+        yield TransferCall(target_phone_number=OPERATOR)
+
+
+def operator(session: SessionInfo) -> Bridge:
+    node = OperatorNode()
+    bridge = Bridge(node)
     bridge.on(DTMFInputEvent).stream(node.generate).broadcast()
     return bridge

@@ -17,6 +17,8 @@ The path of a call (docs/telephony.md):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -44,7 +46,7 @@ from bargein.edge.carriers.codec import LineAudio
 from bargein.edge.carriers.telnyx import Telnyx
 from bargein.edge.carriers.twilio import Twilio
 from bargein.edge.core import AudioOut, Connection, Edge, Frame
-from bargein.edge.protocol import AnyServerFrame, AudioMark, Clear, End, KeyPress, Pause
+from bargein.edge.protocol import AnyServerFrame, AudioMark, Clear, End, KeyPress, Pause, TransferFrame
 from bargein.edge.tokens import TokenError, Tokens
 from bargein.errors import BrokerUnavailable
 from bargein.settings import TelephonySettings
@@ -56,6 +58,7 @@ CARRIERS: dict[str, type[Carrier]] = {carrier.name: carrier for carrier in (Twil
 LINE_AUDIO = "mulaw"  # a phone connection's audio (the carrier's codec; the wire converts)
 VOICE_QUERY = "voice"  # ``/v1/<carrier>/voice?voice=...`` picks the agent's voice
 CLOSE_REFUSED = 4401
+TRANSFER_WAIT_S = 10.0  # how long a transferred call's stream stays open for the REST call
 CLOSE_UNKNOWN = 4404
 
 
@@ -68,10 +71,12 @@ class CarrierWire:
 
     drops_buffer_on_pause = True  # a carrier cannot pause playback: a pause is a clear and a rewind
 
-    def __init__(self, ws: WebSocket, carrier: Carrier, stream_id: str) -> None:
+    def __init__(self, ws: WebSocket, carrier: Carrier, stream_id: str, call_id: str) -> None:
         self.ws = ws
         self.carrier = carrier
         self.stream_id = stream_id
+        self.call_id = call_id
+        self._transfer: asyncio.Task[None] | None = None
         self.line = LineAudio()
         self._pending: set[str] = set()  # marks sent, not yet echoed
         self._dropped: set[str] = set()  # marks a clear threw away: their echo is not "heard"
@@ -89,7 +94,18 @@ class CarrierWire:
             self._dropped |= self._pending
             self._pending.clear()
             await self.ws.send_text(self.carrier.clear(self.stream_id))
+        elif isinstance(frame, TransferFrame) and self._transfer is None:
+            # its own task: the session ends right after, and the stream must stay open until the
+            # carrier has the new instructions (when it closes first, the call simply ends)
+            self._transfer = asyncio.create_task(self._move(frame.target_phone_number))
         # text, transcripts and the rest are for screens: a phone line has none
+
+    async def _move(self, to: str) -> None:
+        try:
+            await self.carrier.transfer(self.call_id, to)
+            log.info("%s call %s transferred to %s", self.carrier.name, self.call_id, to)
+        except CarrierError as exc:
+            log.warning("%s call %s: the transfer to %s failed: %s", self.carrier.name, self.call_id, to, exc)
 
     def played(self, name: str) -> tuple[int, int] | None:
         """The (turn, mark) the caller has now heard, from the carrier's echo of mark ``name``;
@@ -104,6 +120,9 @@ class CarrierWire:
         return int(turn), int(mark)
 
     async def close(self, code: int, last: AnyServerFrame | None) -> None:
+        if self._transfer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._transfer), TRANSFER_WAIT_S)
         try:
             await self.ws.close(code)
         except Exception as exc:  # already gone
@@ -267,7 +286,7 @@ class _Call:
             await self.ws.close(CLOSE_REFUSED)
             self.over = True
             return
-        self.wire = CarrierWire(self.ws, self.carrier, event.stream_id)
+        self.wire = CarrierWire(self.ws, self.carrier, event.stream_id, event.call_id)
         self.connection = await self.edge.join(session_id, self.wire, "caller", True, LINE_AUDIO)
         log.info(
             "session %s: %s stream %s of call %s joined",

@@ -124,5 +124,9 @@ class Carrier(abc.ABC):
         """A message that drops every bit of audio not yet played (and echoes its marks)."""
 
     @abc.abstractmethod
+    async def transfer(self, call_id: str, to: str) -> None:
+        """Move call ``call_id`` to number ``to`` (the agent's ``TransferCall``), by the REST API."""
+
+    @abc.abstractmethod
     async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
         """Place a call through the carrier's REST API; it fetches ``webhook_url`` once answered."""

@@ -111,21 +111,31 @@ class Telnyx(Carrier):
     def clear(self, stream_id: str) -> str:
         return json.dumps({"event": "clear"})
 
-    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
-        key, connection = self.settings.telnyx_api_key, self.settings.telnyx_connection_id
-        if not key or not connection:
-            raise CarrierError("set BARGEIN_TELNYX_API_KEY and BARGEIN_TELNYX_CONNECTION_ID to place calls")
-        url = f"{self.settings.telnyx_api_url.rstrip('/')}/v2/texml/calls/{connection}"
+    async def _post(self, path: str, body: dict[str, str], what: str) -> httpx.Response:
+        key = self.settings.telnyx_api_key
+        if not key:
+            raise CarrierError(f"set BARGEIN_TELNYX_API_KEY to {what}")
         async with httpx.AsyncClient(timeout=DIAL_TIMEOUT_S) as client:
             response = await client.post(
-                url,
-                json={"To": to, "From": from_, "Url": webhook_url, "UrlMethod": "POST"},
+                f"{self.settings.telnyx_api_url.rstrip('/')}{path}",
+                json=body,
                 headers={"Authorization": f"Bearer {key}"},
             )
         if response.status_code >= 300:
-            raise CarrierError(f"Telnyx refused the call: HTTP {response.status_code} {response.text[:300]}")
-        body = response.json()
-        data = body.get("data", body) if isinstance(body, dict) else {}
+            raise CarrierError(f"Telnyx refused to {what}: HTTP {response.status_code} {response.text[:300]}")
+        return response
+
+    async def transfer(self, call_id: str, to: str) -> None:
+        """Call Control's ``transfer`` action on the stream's ``call_control_id``."""
+        await self._post(f"/v2/calls/{call_id}/actions/transfer", {"to": to}, "transfer calls")
+
+    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+        connection = self.settings.telnyx_connection_id
+        if not connection:
+            raise CarrierError("set BARGEIN_TELNYX_CONNECTION_ID (the TeXML application) to place calls")
+        call = {"To": to, "From": from_, "Url": webhook_url, "UrlMethod": "POST"}
+        reply = (await self._post(f"/v2/texml/calls/{connection}", call, "place calls")).json()
+        data = reply.get("data", reply) if isinstance(reply, dict) else {}
         return Dialled(
             call_id=str(data.get("call_sid") or data.get("sid") or ""), status=str(data.get("status", ""))
         )

@@ -96,12 +96,26 @@ class Twilio(Carrier):
     def clear(self, stream_id: str) -> str:
         return json.dumps({"event": "clear", "streamSid": stream_id})
 
-    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+    def _client(self, what: str) -> Client:
         sid, token = self.settings.twilio_account_sid, self.settings.twilio_auth_token
         if not sid or not token:
-            raise CarrierError("set BARGEIN_TWILIO_ACCOUNT_SID and BARGEIN_TWILIO_AUTH_TOKEN to place calls")
+            raise CarrierError(f"set BARGEIN_TWILIO_ACCOUNT_SID and BARGEIN_TWILIO_AUTH_TOKEN to {what}")
         client = Client(sid, token)
         client.api.base_url = self.settings.twilio_api_url.rstrip("/")
+        return client
+
+    async def transfer(self, call_id: str, to: str) -> None:
+        """The call's instructions replaced by ``<Dial>``: the stream ends and Twilio dials ``to``."""
+        client = self._client("transfer calls")
+        response = VoiceResponse()
+        response.dial(to)
+        try:
+            await asyncio.to_thread(lambda: client.calls(call_id).update(twiml=str(response)))
+        except TwilioException as exc:
+            raise CarrierError(f"Twilio refused the transfer: {exc}") from exc
+
+    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+        client = self._client("place calls")
 
         def place() -> Dialled:
             call = client.calls.create(to=to, from_=from_, url=webhook_url, method="POST")
