@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from bargein.agent.events import AgentResponse
-from bargein.runtime import snapshot
+from bargein.runtime import journal
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING
 from tests.broadcast.conftest import FIXTURES, Stack
@@ -161,7 +161,7 @@ async def test_text_turns_answer_and_stop_button_cut(stack: Stack, text_page: tu
     assert await cut.eval_on_selector(".agent-text", "el => el.textContent") == shown  # nothing after clear
     store = RedisStateStore.from_url(stack.cluster.env["BARGEIN_REDIS_URL"])
     try:
-        state = snapshot.loads(await store.load_state(TIER_REASONING, session_id) or b"")
+        state = (await journal.read(store, TIER_REASONING, session_id) or ({}, None))[0]
     finally:
         await store.close()
     history = state["nodes"]["ConversationNode"]["conversation_events"]

@@ -17,7 +17,7 @@ import pytest
 import websockets
 
 from bargein.agent.events import AgentResponse
-from bargein.runtime import snapshot
+from bargein.runtime import journal
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING
 from tests.client import Frame, chunks, connect, create_session, recv, say, until
@@ -130,7 +130,7 @@ async def test_interrupted_answer_in_history_is_what_the_caller_received(base: s
     received = "".join(f["text"] for f in frames if f["type"] == "agent_chunk")
     store = RedisStateStore.from_url(redis_url)
     try:
-        state = snapshot.loads(await store.load_state(TIER_REASONING, session["session_id"]) or b"")
+        state = (await journal.read(store, TIER_REASONING, session["session_id"]) or ({}, None))[0]
     finally:
         await store.close()
     events = state["nodes"]["ProbeNode"]["conversation_events"]

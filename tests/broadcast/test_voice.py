@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH, AgentResponse
-from bargein.runtime import snapshot
+from bargein.runtime import journal
 from bargein.tools.audio_caller import AudioCaller
 from bargein.tools.call import read_wav, run_call
 from bargein.transport.redis_store import RedisStateStore
@@ -73,7 +73,7 @@ async def history(redis_url: str, session_id: str) -> list[str]:
     """The assistant messages in the agent's checkpointed history."""
     store = RedisStateStore.from_url(redis_url)
     try:
-        state = snapshot.loads(await store.load_state(TIER_REASONING, session_id) or b"")
+        state = (await journal.read(store, TIER_REASONING, session_id) or ({}, None))[0]
     finally:
         await store.close()
     events = state["nodes"]["ProbeNode"]["conversation_events"]

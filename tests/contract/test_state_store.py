@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from bargein.errors import StaleEpochError
-from bargein.transport.abc import Renewal, StateStore
+from bargein.transport.abc import ListChange, LogChange, Renewal, StateStore, log_field
 from bargein.wire.names import TIER_EDGE, TIER_REASONING, TIER_SPEECH
 
 TIER = TIER_REASONING
@@ -112,6 +112,47 @@ async def test_the_checkpoint_round_trips_exact_bytes_and_expires(
     await store.save_state(TIER, s, epoch, b"short-lived", SHORT_MS)
     await asyncio.sleep(LAPSE_S)
     assert await store.load_state(TIER, s) is None
+
+
+def _log(*changes: tuple[int, int, int, tuple[bytes, ...]]) -> LogChange:
+    return LogChange(tuple(ListChange(*change) for change in changes))
+
+
+def _items(path: int, *values: bytes) -> dict[bytes, bytes]:
+    return {log_field(path, n): value for n, value in enumerate(values)}
+
+
+async def test_the_log_changes_with_its_record_by_what_changed_and_is_fenced_with_it(
+    store: StateStore, session: Session
+) -> None:
+    s = session("log")
+    epoch = await store.acquire_lease(TIER, s, "a", SHORT_MS)
+    assert epoch == 1 and await store.load_log(TIER, s) == {}
+    await store.save_state(
+        TIER, s, epoch, b"r1", LONG_MS, log=_log((0, 0, 0, (b"a", b"b", b"c")), (1, 0, 0, (b"x",)))
+    )
+    assert await store.load_log(TIER, s) == {**_items(0, b"a", b"b", b"c"), **_items(1, b"x")}
+    await store.save_state(TIER, s, epoch, b"r2", LONG_MS, log=_log((0, 2, 3, (b"C", b"d"))))  # cut and grown
+    assert await store.load_log(TIER, s) == {**_items(0, b"a", b"b", b"C", b"d"), **_items(1, b"x")}
+    await store.save_state(TIER, s, epoch, b"r3", LONG_MS, log=_log((0, 1, 4, ())))  # shortened
+    assert await store.load_log(TIER, s) == {**_items(0, b"a"), **_items(1, b"x")}
+    await asyncio.sleep(LAPSE_S)
+    assert await store.acquire_lease(TIER, s, "b", LONG_MS) == 2
+    with pytest.raises(StaleEpochError):  # the former owner writes neither the record nor the log
+        await store.save_state(TIER, s, epoch, b"stale", LONG_MS, log=_log((0, 0, 1, (b"stale",))))
+    assert await store.load_state(TIER, s) == b"r3"
+    assert await store.load_log(TIER, s) == {**_items(0, b"a"), **_items(1, b"x")}
+    many = tuple(BINARY + str(n).encode() for n in range(5_000))  # more than one script call's stack
+    await store.save_state(TIER, s, 2, b"r4", SHORT_MS, log=_log((0, 1, 1, many)))
+    assert (
+        len(await store.load_log(TIER, s)) == 5_002
+        and (await store.load_log(TIER, s))[log_field(0, 5_000)] == many[-1]
+    )
+    await asyncio.sleep(LAPSE_S)
+    assert await store.load_log(TIER, s) == {}  # it expires with its record
+    await store.save_state(TIER, s, 2, b"r5", LONG_MS, log=_log((0, 0, 0, (b"new",))))
+    await store.delete_state(TIER, s)
+    assert await store.load_log(TIER, s) == {}
 
 
 async def test_a_write_without_ever_holding_the_lease_is_fenced(store: StateStore, session: Session) -> None:

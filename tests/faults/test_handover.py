@@ -24,8 +24,9 @@ from websockets.asyncio.client import ClientConnection
 
 from bargein.agent.llm import DEFAULT_REPLIES
 from bargein.agent.nodes import ReasoningNode
-from bargein.runtime import snapshot
-from bargein.wire.names import TIER_REASONING, lease_key, state_key
+from bargein.runtime import journal, snapshot
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import TIER_REASONING, lease_key
 from tests.client import Frame, connect, create_session, recv, say, until
 from tests.faults.stack import FaultStack, fault_stack
 from tests.integration.cluster import ServiceProcess
@@ -60,9 +61,10 @@ async def owner_of(redis: aioredis.Redis, stack: FaultStack, session_id: str) ->
 
 async def history(redis: aioredis.Redis, session_id: str) -> list[tuple[str, str]]:
     """The conversation as the session's checkpoint holds it (what the model sees next)."""
-    raw = await redis.get(state_key(TIER_REASONING, session_id))
-    assert raw is not None
-    nodes = snapshot.loads(raw)["nodes"]
+    store = RedisStateStore(redis)  # the checkpoint as the next owner reads it: record and log
+    checkpoint = await journal.read(store, TIER_REASONING, session_id)
+    assert checkpoint is not None
+    nodes = checkpoint[0]["nodes"]
     node = ReasoningNode()
     snapshot.restore(node, next(iter(nodes.values())))
     return [(m["role"], m["content"]) for m in node.history_messages()]

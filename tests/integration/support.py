@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from bargein.agent.events import AgentResponse, Event, UserStoppedSpeaking, UserTranscriptionReceived
 from bargein.hosting.host import owner_pid
 from bargein.hosting.sessions import create_session, forget_session
-from bargein.runtime import snapshot
+from bargein.runtime import journal
 from bargein.testing.caller import Caller
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
@@ -87,9 +87,9 @@ class Client:
 
     async def node_state(self, caller: Caller, node_id: str) -> dict[str, Any]:
         """The node's attributes as its owner last checkpointed them."""
-        raw = await self.store.load_state(TIER_REASONING, caller.session_id)
-        assert raw is not None, "no checkpoint yet"
-        state: dict[str, Any] = snapshot.loads(raw)["nodes"][node_id]
+        checkpoint = await journal.read(self.store, TIER_REASONING, caller.session_id)
+        assert checkpoint is not None, "no checkpoint yet"
+        state: dict[str, Any] = checkpoint[0]["nodes"][node_id]
         return state
 
     async def wait_state(self, caller: Caller, node_id: str, key: str, expected: Any) -> None:

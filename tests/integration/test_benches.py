@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from bargein.tools.bench_checkpoint import run_checkpoint_bench
 from bargein.tools.bench_e2e import run_e2e_bench
 from bargein.tools.bench_failover import damage, run_failover_bench
 from bargein.tools.bench_sessions import run_sessions_bench
@@ -148,3 +149,15 @@ def test_the_speech_benches_refuse_to_run_without_an_engine() -> None:
         capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 1 and "BARGEIN_STT" in done.stderr
+
+
+async def test_the_checkpoint_bench_runs_and_reports(redis_url: str) -> None:
+    out = io.StringIO()
+    report = await run_checkpoint_bench(120, redis_url, out)
+    text = out.getvalue()
+    assert set(report.turns) == {1, 100, 120}
+    assert report.history_events == 240  # the whole call came back
+    # the baseline grows with the call, the journaled checkpoint does not
+    assert report.turns[120]["whole_bytes"] > 20 * report.turns[1]["whole_bytes"]
+    assert report.turns[120]["bytes"] < 2 * report.turns[1]["bytes"]
+    assert "target <= 1.5x" in text and "target < 100 ms" in text

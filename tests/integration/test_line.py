@@ -90,8 +90,10 @@ async def test_line_counter_end_call_ends_the_session(client: Client) -> None:
     caller = await start(client, "line_counter:handle_new_call", turns=1)
     await caller.collect_turn(timeout=T)
     lease = lease_key(TIER_REASONING, caller.session_id)
-    assert await client.redis.exists(lease)  # owned, with state
-    assert await client.store.load_state(TIER_REASONING, caller.session_id) is not None
+    assert await client.redis.exists(lease)  # owned, with state (the turn's last checkpoint
+    async with asyncio.timeout(T):  # follows its last chunk: it may be a moment behind)
+        while await client.store.load_state(TIER_REASONING, caller.session_id) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
     await ask(caller, "bye")
     while not isinstance(await caller.next(timeout=T), EndCall):
         pass

@@ -51,7 +51,7 @@ from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
 from bargein.errors import AgentFailedToStart, NotOwner, SessionRejected, StaleEpochError, UnroutableError
 from bargein.metrics import Counted
-from bargein.runtime import snapshot
+from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
@@ -106,6 +106,7 @@ class SessionRuntime(SessionProcessor):
         self.liveness: Heartbeat | None = None
         self._dirty = False
         self._checkpoint_lock = asyncio.Lock()
+        self._journal = journal.Journal()  # the nodes' long lists, as the log holds them
         self._flusher: asyncio.Task[None] | None = None
         self._restored_routes: dict[str, Any] = {}
         self._listeners: dict[type[Event], bool] = {}
@@ -440,11 +441,12 @@ class SessionRuntime(SessionProcessor):
     # --- state -----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
+        """The session's state; the nodes' long lists are passed through for the journal."""
         return {
             "last_turn": self.last_turn,
             "next_index": self.next_index,
             "initial_message_sent": self.initial_message_sent,
-            "nodes": {node.id: snapshot.capture(node) for node in self.nodes if node.id},
+            "nodes": {node.id: snapshot.capture(node, long_lists=False) for node in self.nodes if node.id},
             "routes": {e.key: e.durable_state() for e in self.executors},
         }
 
@@ -456,8 +458,14 @@ class SessionRuntime(SessionProcessor):
                 return
             self._dirty = False
             try:
-                data = snapshot.dumps(self.snapshot())
-                await self.store.save_state(self.tier, self.session_id, self.epoch, data, self.state_ttl_ms)
+                state = self.snapshot()
+                lengths, change, lists = self._journal.take(state["nodes"], snapshot.pack_item)
+                state["journal"] = self._journal.record(lengths)
+                data = snapshot.dumps(state)
+                await self.store.save_state(
+                    self.tier, self.session_id, self.epoch, data, self.state_ttl_ms, log=change
+                )
+                self._journal.written(lists)
                 self.count("checkpoints")
             except StaleEpochError:
                 # Another owner has the session, or Redis lost its records (the epoch counter with
@@ -489,10 +497,10 @@ class SessionRuntime(SessionProcessor):
 
     async def _restore(self) -> bool:
         """Load the checkpoint, if there is one (then this is a change of owner): True if so."""
-        data = await self.store.load_state(self.tier, self.session_id)
-        if data is None:
+        checkpoint = await journal.read(self.store, self.tier, self.session_id)
+        if checkpoint is None:
             return False
-        state = snapshot.loads(data)
+        state, self._journal = checkpoint
         self.last_turn = int(state.get("last_turn", 0))
         self.next_index = int(state.get("next_index", 0))
         self.initial_message_sent = bool(state.get("initial_message_sent", False))

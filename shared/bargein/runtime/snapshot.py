@@ -36,7 +36,10 @@ log = logging.getLogger("bargein.runtime.snapshot")
 _EXT_EVENT = 1
 _EXT_CONTEXT = 2
 _EXT_BY_EXAMPLE = 3  # (kind, data): rebuilt from the fresh node's attribute of the same name
-SNAPSHOT_VERSION = 1
+_EXT_CONTEXT_SLICE = 4  # a context whose events are a stretch of a journaled list (journal.py)
+SNAPSHOT_VERSION = 2  # 2: long lists in the log beside the record (runtime/journal.py)
+READABLE_VERSIONS = (1, 2)
+LONG_LIST = 8  # lists this long or longer are the journal's (journal.MIN_ITEMS)
 
 
 class SnapshotError(BargeinError):
@@ -49,6 +52,23 @@ class _ByExample:
 
     kind: str  # "enum", "model" or "object"
     data: Any
+
+
+@dataclass(frozen=True)
+class ContextSlice:
+    """A conversation context read back as a reference: its events are ``list[start:end]`` of the
+    journaled list ``path``, which :func:`bargein.runtime.journal.read` puts back."""
+
+    path: str
+    start: int
+    end: int
+    system_prompt: str
+    metadata: dict[str, Any]
+
+
+def context_slice(path: str, start: int, end: int, context: ConversationContext) -> msgpack.ExtType:
+    data = _pack([path, start, end, context.system_prompt, context.metadata])
+    return msgpack.ExtType(_EXT_CONTEXT_SLICE, data)
 
 
 def _default(obj: Any) -> Any:
@@ -110,7 +130,19 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_BY_EXAMPLE:
         kind, state = _unpack(data)
         return _ByExample(kind, state)
+    if code == _EXT_CONTEXT_SLICE:
+        path, start, end, system_prompt, metadata = _unpack(data)
+        return ContextSlice(str(path), int(start), int(end), str(system_prompt), dict(metadata))
     raise SnapshotError(f"unknown extension type {code} in checkpoint")
+
+
+def pack_item(obj: Any) -> bytes:
+    """One value as the checkpoint holds it (a journaled list's item)."""
+    return _pack(obj)
+
+
+def unpack_item(data: bytes) -> Any:
+    return _unpack(data)
 
 
 def _pack(obj: Any) -> bytes:
@@ -126,18 +158,26 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
-def capture(obj: object, depth: int = 0) -> dict[str, Any]:
-    """The checkpointable public attributes of ``obj`` (a node, or an object a node keeps)."""
+def capture(obj: object, depth: int = 0, *, long_lists: bool = True) -> dict[str, Any]:
+    """The checkpointable public attributes of ``obj`` (a node, or an object a node keeps).
+    ``long_lists=False``: lists of :data:`LONG_LIST` items or more, and conversation contexts, are
+    passed through unchecked, for the journal to write item by item or as a stretch of such a list
+    (a whole check would cost the whole history at every checkpoint)."""
     state: dict[str, Any] = {}
     for name, value in vars(obj).items():
         if name.startswith("_"):
+            continue
+        if not long_lists and (
+            (type(value) is list and len(value) >= LONG_LIST) or type(value) is ConversationContext
+        ):
+            state[name] = value  # the journal's to write (or to check and leave in the record)
             continue
         try:
             _pack(value)
         except (TypeError, ValueError, OverflowError):
             example = _by_example(value, depth)
             if example is None:
-                _skipped(type(obj).__name__, name, type(value).__name__)
+                skipped(type(obj).__name__, name, type(value).__name__)
                 continue
             state[name] = _pack_by_example(example)
             continue
@@ -146,7 +186,7 @@ def capture(obj: object, depth: int = 0) -> dict[str, Any]:
 
 
 @functools.cache
-def _skipped(owner: str, name: str, kind: str) -> None:
+def skipped(owner: str, name: str, kind: str) -> None:
     log.info("not checkpointing %s.%s (a %s): a new owner gets the one the agent builds", owner, name, kind)
 
 
@@ -195,6 +235,6 @@ def loads(data: bytes) -> dict[str, Any]:
         raise
     except Exception as exc:
         raise SnapshotError(f"unreadable checkpoint: {type(exc).__name__}: {exc}") from None
-    if not isinstance(snapshot, dict) or snapshot.get("v") != SNAPSHOT_VERSION:
+    if not isinstance(snapshot, dict) or snapshot.get("v") not in READABLE_VERSIONS:
         raise SnapshotError("checkpoint has an unknown layout")
     return snapshot

@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--soft-pause-ms", type=float, metavar="MS", help="the sessions' soft_pause_ms (default: the setting)"
     )
+    chk = bench_sub.add_parser(
+        "checkpoint", help="bytes and time of a turn's checkpoint at turn 1, 100 and 1,000; restore time"
+    )
+    chk.add_argument("--turns", type=_positive, default=1000, help="turns of the call (default 1000)")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -244,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_e2e import e2e_main
 
             return e2e_main(args.callers, args.rounds, args.soft_pause_ms)
+        if args.command == "bench" and args.bench == "checkpoint":
+            from bargein.tools.bench_checkpoint import main as checkpoint_main
+
+            return checkpoint_main(args.turns)
         if args.command == "bench" and args.bench == "vad":
             from bargein.tools.bench_vad import main as vad_main
 

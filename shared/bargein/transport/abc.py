@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from bargein.agent.events import Event
 from bargein.wire.envelope import Envelope
@@ -126,6 +128,44 @@ class Heartbeat(ABC):
     def stop(self) -> None: ...
 
 
+# --- the checkpoint's log (bargein.runtime.journal): long lists, written by what changed ---------
+
+
+@dataclass(frozen=True)
+class ListChange:
+    """List ``path``: its first ``keep`` items stay, ``items`` (packed) come after them, and the
+    positions from ``keep`` to ``was`` that ``items`` does not cover are gone."""
+
+    path: int
+    keep: int
+    was: int
+    items: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class LogChange:
+    """What one checkpoint changes in the log: one entry per list that changed."""
+
+    lists: tuple[ListChange, ...] = ()
+
+    @property
+    def items(self) -> int:
+        return sum(len(change.items) for change in self.lists)
+
+
+NO_LOG_CHANGE: Final = LogChange()  # a checkpoint with nothing for the log
+
+
+def log_field(path: int, position: int) -> bytes:
+    """The log's name for item ``position`` of list ``path`` (what the stores key it by)."""
+    return f"{path}:{position}".encode()
+
+
+def parse_field(name: bytes) -> tuple[int, int]:
+    path, _, position = name.decode().partition(":")
+    return int(path), int(position)
+
+
 class StateStore(ABC):
     """Leases with fencing epochs, and the session's checkpoint.
 
@@ -157,11 +197,18 @@ class StateStore(ABC):
     async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None: ...
 
     @abstractmethod
-    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
-        """Store the checkpoint; :class:`~bargein.errors.StaleEpochError` if ``epoch`` is not current."""
+    async def save_state(
+        self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int, log: LogChange = NO_LOG_CHANGE
+    ) -> None:
+        """Store the checkpoint record ``data`` and apply ``log`` to its log, both or neither;
+        :class:`~bargein.errors.StaleEpochError` if ``epoch`` is not current."""
 
     @abstractmethod
     async def load_state(self, tier: Tier, session: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def load_log(self, tier: Tier, session: str) -> dict[bytes, bytes]:
+        """The checkpoint's log: item name (:func:`log_field`) → packed item."""
 
     @abstractmethod
     async def current_epoch(self, tier: Tier, session: str) -> int:

@@ -32,14 +32,17 @@ from bargein.errors import (
 )
 from bargein.metrics import Counted
 from bargein.transport.abc import (
+    NO_LOG_CHANGE,
     EdgeQueue,
     Handler,
     Heartbeat,
+    LogChange,
     Renewal,
     StartHandler,
     StateStore,
     Subscription,
     Transport,
+    log_field,
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -396,6 +399,7 @@ class MemoryStateStore(StateStore):
         self._leases: dict[tuple[str, str], _Lease] = {}
         self._epochs: collections.Counter[tuple[str, str]] = collections.Counter()
         self._state: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._logs: dict[tuple[str, str], dict[bytes, bytes]] = {}  # the checkpoints' logs
         self._directory: dict[str, dict[str, bytes]] = collections.defaultdict(dict)
         self._workers: dict[str, set[str]] = {}
         self._alive: set[tuple[str, str]] = set()  # in one process a heartbeat lasts until stopped
@@ -433,10 +437,18 @@ class MemoryStateStore(StateStore):
         if lease is not None and lease.owner == owner and lease.epoch == epoch:
             del self._leases[(tier, session)]
 
-    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+    async def save_state(
+        self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int, log: LogChange = NO_LOG_CHANGE
+    ) -> None:
         if epoch != self._epochs[(tier, session)]:
             raise StaleEpochError(f"epoch {epoch} is not current for {tier}/{session}")
         self._state[(tier, session)] = (data, time.monotonic() + ttl_ms / 1000)
+        items = self._logs.setdefault((tier, session), {})
+        for change in log.lists:
+            for position in range(change.keep + len(change.items), change.was):
+                items.pop(log_field(change.path, position), None)
+            for position, item in enumerate(change.items, change.keep):
+                items[log_field(change.path, position)] = item
 
     async def load_state(self, tier: Tier, session: str) -> bytes | None:
         entry = self._state.get((tier, session))
@@ -444,12 +456,18 @@ class MemoryStateStore(StateStore):
             return None
         return entry[0]
 
+    async def load_log(self, tier: Tier, session: str) -> dict[bytes, bytes]:
+        if await self.load_state(tier, session) is None:  # the log expires with its record
+            return {}
+        return dict(self._logs.get((tier, session), {}))
+
     async def current_epoch(self, tier: Tier, session: str) -> int:
         return self._epochs.get((tier, session), 0)
 
     async def delete_state(self, tier: Tier, session: str) -> None:
         """The checkpoint and the epoch counter go (the next acquire starts at epoch 1 again)."""
         self._state.pop((tier, session), None)
+        self._logs.pop((tier, session), None)
         self._epochs.pop((tier, session), None)
 
     async def register_session(self, tier: Tier, session: str, info: bytes) -> None:

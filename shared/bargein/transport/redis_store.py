@@ -42,14 +42,14 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Self
 
 import redis
 import redis.asyncio as aioredis
 
 from bargein.errors import StaleEpochError
 from bargein.settings import BrokerSettings
-from bargein.transport.abc import Heartbeat, Renewal, StateStore
+from bargein.transport.abc import NO_LOG_CHANGE, Heartbeat, LogChange, Renewal, StateStore, log_field
 from bargein.transport.redis_address import async_client, sync_client
 from bargein.wire.names import (
     Tier,
@@ -58,6 +58,7 @@ from bargein.wire.names import (
     owned_key,
     session_directory_key,
     state_key,
+    state_log_key,
     worker_alive_key,
     workers_key,
 )
@@ -157,6 +158,18 @@ if current ~= ARGV[1] then
 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 extend(KEYS[1], ARGV[4])
+-- the log: ARGV[5] names to delete, then name/item pairs to set (in batches: Lua's stack is small)
+local deletes = tonumber(ARGV[5])
+local first = 6
+for i = first, first + deletes - 1, 1000 do
+  redis.call('HDEL', KEYS[3], unpack(ARGV, i, math.min(i + 999, first + deletes - 1)))
+end
+for i = first + deletes, #ARGV, 2000 do
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 1999, #ARGV)))
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+end
 return 1
 """
 )
@@ -202,7 +215,7 @@ class RedisStateStore(StateStore):
         epoch_min_ttl_ms: int | None = DEFAULT_EPOCH_MIN_TTL_MS,
         pool_size: int = DEFAULT_POOL_SIZE,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> RedisStateStore:
+    ) -> Self:
         """A store with its own client for ``url`` (any form :mod:`.redis_address` takes).
 
         The pool holds at most ``pool_size`` connections and a caller waits (up to ``timeout_s``)
@@ -269,11 +282,19 @@ class RedisStateStore(StateStore):
 
     # --- the checkpoint ---------------------------------------------------------------------------
 
-    async def save_state(self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int) -> None:
+    async def save_state(
+        self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int, log: LogChange = NO_LOG_CHANGE
+    ) -> None:
         _check_ttl(ttl_ms)
+        deletes: list[bytes] = []
+        sets: list[bytes] = []
+        for change in log.lists:
+            deletes += [log_field(change.path, n) for n in range(change.keep + len(change.items), change.was)]
+            for position, item in enumerate(change.items, change.keep):
+                sets += [log_field(change.path, position), item]
         stored = await self._save(
-            keys=[epoch_key(tier, session), state_key(tier, session)],
-            args=[str(int(epoch)), data, ttl_ms, self._epoch_ttl(ttl_ms)],
+            keys=[epoch_key(tier, session), state_key(tier, session), state_log_key(tier, session)],
+            args=[str(int(epoch)), data, ttl_ms, self._epoch_ttl(ttl_ms), len(deletes), *deletes, *sets],
         )
         if not stored:
             raise StaleEpochError(f"epoch {epoch} is not current for {tier}/{session}")
@@ -281,6 +302,10 @@ class RedisStateStore(StateStore):
     async def load_state(self, tier: Tier, session: str) -> bytes | None:
         data = await self._redis.get(state_key(tier, session))
         return None if data is None else _as_bytes(data)
+
+    async def load_log(self, tier: Tier, session: str) -> dict[bytes, bytes]:
+        raw = await self._redis.hgetall(state_log_key(tier, session))
+        return {_as_bytes(name): _as_bytes(item) for name, item in raw.items()}
 
     async def current_epoch(self, tier: Tier, session: str) -> int:
         value = await self._redis.get(epoch_key(tier, session))
@@ -290,7 +315,9 @@ class RedisStateStore(StateStore):
         # both keys carry the {session} hash tag: one slot, so one DEL is fine in Cluster too. The
         # lease is left alone (as MemoryStateStore does); its holder can no longer save, and the
         # next acquire after it restarts at epoch 1.
-        await self._redis.delete(state_key(tier, session), epoch_key(tier, session))
+        await self._redis.delete(
+            state_key(tier, session), state_log_key(tier, session), epoch_key(tier, session)
+        )
 
     # --- the directory ----------------------------------------------------------------------------
 

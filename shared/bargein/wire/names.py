@@ -134,6 +134,11 @@ def state_key(tier: Tier, session: str) -> str:
     return f"{KEY_PREFIX}:{{{session}}}:state:{tier}"
 
 
+def state_log_key(tier: Tier, session: str) -> str:
+    """Hash of the checkpoint's log (runtime/journal.py): ``<list>:<position>`` → one packed item."""
+    return f"{KEY_PREFIX}:{{{session}}}:log:{tier}"
+
+
 def session_directory_key(tier: Tier) -> str:
     """Hash session -> SessionInfo of every live session of ``tier`` (one key, deliberately global:
     it is how workers find sessions whose owner died)."""
