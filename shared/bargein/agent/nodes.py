@@ -167,6 +167,12 @@ class ReasoningNode(Node):
         self._resumable = self._finished = None
         return cleared
 
+    def amendable(self, turn: int, *, final: bool = False) -> bool:
+        """Whether a delivery report of ``turn`` could change the history (see below)."""
+        return turn in self._interrupted or (
+            final and self._finished is not None and self._finished[0] == turn
+        )
+
     def amend_interrupted_turn(self, turn: int, delivered_text: str, *, final: bool = False) -> bool:
         """A delivery report for an interrupted turn came after the cancel: correct the history.
         ``final``: the caller will hear no more of ``turn``; if it is the answer this node finished

@@ -48,8 +48,10 @@ class GeminiChat(ReasoningNode):
             tools=[EndCallTool.to_gemini_tool()],
             temperature=0,  # a resumed turn re-runs the request: the same answer, for the same history
         )
+        contents: Any = convert_messages_to_gemini(context.get_committed_events())  # (the SDK's
+        # type for it changes with what is installed beside it, Pillow for one)
         stream = await self.client.aio.models.generate_content_stream(
-            model=MODEL, contents=convert_messages_to_gemini(context.get_committed_events()), config=config
+            model=MODEL, contents=contents, config=config
         )
         async for response in stream:
             if response.text:

@@ -256,11 +256,18 @@ class SessionRuntime(SessionProcessor):
 
     async def _handle(self, envelope: Envelope, event: Event, message: Message) -> None:
         if isinstance(event, SpeechDelivered | HeardRecord):
-            before = self.ledger.delivered_text(event.turn) if isinstance(event, SpeechDelivered) else ""
+            # the text so far only when a bridge hears AgentSpeechSent (a report a chunk, each
+            # joining the turn's text, cost every answer the square of its length)
+            spoken = (
+                event
+                if isinstance(event, SpeechDelivered) and self._heard_by_bridges(AgentSpeechSent)
+                else None
+            )
+            before = self.ledger.delivered_text(spoken.turn) if spoken is not None else ""
             if self._on_delivery_report(event):
                 await self.checkpoint()  # an interrupted answer was corrected: keep it that way
-            if isinstance(event, SpeechDelivered):  # in order with what the caller says next
-                await self._speech_sent(message, before, self.ledger.delivered_text(event.turn))
+            if spoken is not None:  # in order with what the caller says next
+                await self._speech_sent(message, before, self.ledger.delivered_text(spoken.turn))
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
@@ -286,8 +293,9 @@ class SessionRuntime(SessionProcessor):
         for node in self.nodes:
             if isinstance(node, ReasoningNode):
                 for turn in turns:
-                    text = self.ledger.delivered_text(turn)
-                    amended |= node.amend_interrupted_turn(turn, text, final=final)
+                    if node.amendable(turn, final=final):  # most reports concern no cut answer
+                        text = self.ledger.delivered_text(turn)
+                        amended |= node.amend_interrupted_turn(turn, text, final=final)
         return amended
 
     async def _speech_sent(self, report: Message, before: str, after: str) -> None:
@@ -295,9 +303,8 @@ class SessionRuntime(SessionProcessor):
         agents route it into their history and read it back with ``get_committed_events``)."""
         if len(after) <= len(before) or not after.startswith(before):
             return
-        if self._heard_by_bridges(AgentSpeechSent):
-            sent = AgentSpeechSent(content=after[len(before) :])
-            await self._dispatch(dataclasses.replace(report, event=sent, id=uuid.uuid4().hex))
+        sent = AgentSpeechSent(content=after[len(before) :])
+        await self._dispatch(dataclasses.replace(report, event=sent, id=uuid.uuid4().hex))
 
     async def _dispatch_loop(self) -> None:
         """Dispatches what the session's own bridges broadcast, for its other bridges."""

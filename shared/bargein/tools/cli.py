@@ -82,7 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "dial", help="place a phone call through a carrier; the edge answers (docs/telephony.md)"
     )
     dial.add_argument("to", help="the number to call, E.164 (+15551234567)")
-    dial.add_argument("--from", dest="from_", required=True, help="your carrier number to call from, E.164")
+    dial.add_argument(
+        "--from",
+        dest="from_",
+        metavar="NUMBER",
+        required=True,
+        help="your carrier number to call from, E.164",
+    )
     dial.add_argument("--carrier", default="twilio", help="twilio (the default) or telnyx")
     dial.add_argument(
         "--webhook", help="the voice webhook URL (default BARGEIN_PUBLIC_URL/v1/<carrier>/voice)"
@@ -138,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--soft-pause-ms", type=float, metavar="MS", help="the sessions' soft_pause_ms (default: the setting)"
     )
+    peers = bench_sub.add_parser(
+        "peers", help="bargein beside Line 0.1.12 and Pipecat 1.14: interrupt latency, CPU per chunk"
+    )
+    peers.add_argument("--sessions", default="50,200", help="comma-separated session counts (default 50,200)")
+    peers.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run (default 5)")
+    peers.add_argument("--rounds", type=_positive, default=2, help="interleaved rounds (default 2)")
+    peers.add_argument("--chunk-ms", type=float, default=20.0, help="a chunk this often per session")
+    peers.add_argument("--json", dest="json_path", help="write every number to this file")
+    peers.add_argument("--plot", dest="plot_path", help="draw the latency distributions to this PNG")
     chk = bench_sub.add_parser(
         "checkpoint", help="bytes and time of a turn's checkpoint at turn 1, 100 and 1,000; restore time"
     )
@@ -248,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_e2e import e2e_main
 
             return e2e_main(args.callers, args.rounds, args.soft_pause_ms)
+        if args.command == "bench" and args.bench == "peers":
+            from bargein.tools.bench_peers import main as peers_main
+
+            return peers_main(
+                args.sessions, args.seconds, args.rounds, args.chunk_ms, args.json_path, args.plot_path
+            )
         if args.command == "bench" and args.bench == "checkpoint":
             from bargein.tools.bench_checkpoint import main as checkpoint_main
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from bargein.errors import (
     BrokerUnavailable,
@@ -66,13 +68,39 @@ from bargein.wire.names import (
 log = logging.getLogger("bargein.transport.memory")
 
 
-def topic_matches(pattern: str, key: str) -> bool:
-    """AMQP topic semantics: ``*`` is one word, ``#`` is zero or more."""
+@functools.lru_cache(maxsize=8192)
+def _topic_regex(pattern: str) -> re.Pattern[str]:
     regex = "^" + r"\.".join(
         {"*": r"[^.]+", "#": r".*"}.get(word, re.escape(word)) for word in pattern.split(".")
     )
-    regex = regex.replace(r"\..*", r"(\..*)?")
-    return re.match(regex + "$", key) is not None
+    return re.compile(regex.replace(r"\..*", r"(\..*)?") + "$")
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic semantics: ``*`` is one word, ``#`` is zero or more."""
+    return _topic_regex(pattern).match(key) is not None
+
+
+class _Mailboxes(dict[str, "_Mailbox"]):
+    """The broker's mailboxes by name, counting changes: :meth:`MemoryBroker.route` remembers
+    where each routing key goes until a mailbox or a binding changes (``bindings_changed``)."""
+
+    version = 0
+
+    def __setitem__(self, name: str, box: _Mailbox) -> None:
+        super().__setitem__(name, box)
+        self.version += 1
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self.version += 1
+
+    def pop(self, name: str, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(name, *default)
+
+    def bindings_changed(self) -> None:
+        self.version += 1
 
 
 @dataclass
@@ -126,7 +154,9 @@ class MemoryBroker:
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_message_bytes = max_message_bytes
-        self.mailboxes: dict[str, _Mailbox] = {}
+        self.mailboxes = _Mailboxes()
+        self._routes: dict[tuple[str, str], list[_Mailbox]] = {}  # (exchange, key) → mailboxes
+        self._routes_version = -1
         self.dead: list[DeadLetter] = []
         self.starts: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
         self.start_wakeup: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
@@ -140,14 +170,13 @@ class MemoryBroker:
         serial = next(self._serial)
         self._last_serial = serial
         delivered = refused = 0
-        for box in self.mailboxes.values():
-            if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns):
-                if box.refuse_when_full is not None and len(box.items) >= box.refuse_when_full:
-                    refused += 1
-                    continue
-                if not box.put(_Item(serial, body, control)):
-                    self.counters["dropped_oldest"] += 1
-                delivered += 1
+        for box in self._bound(exchange, key):
+            if box.refuse_when_full is not None and len(box.items) >= box.refuse_when_full:
+                refused += 1
+                continue
+            if not box.put(_Item(serial, body, control)):
+                self.counters["dropped_oldest"] += 1
+            delivered += 1
         if refused:
             self.counters["refused"] += 1
             raise QueueFull(f"message {key}: {refused} queue(s) it goes to are full")
@@ -156,6 +185,21 @@ class MemoryBroker:
             if control:
                 raise UnroutableError(f"control message {key} reached no queue")
         return delivered
+
+    def _bound(self, exchange: str, key: str) -> list[_Mailbox]:
+        """The mailboxes a message with ``key`` on ``exchange`` goes to (looked up once per key
+        between binding changes: a scan of every binding per message grew with the sessions)."""
+        if self._routes_version != self.mailboxes.version:
+            self._routes.clear()
+            self._routes_version = self.mailboxes.version
+        boxes = self._routes.get((exchange, key))
+        if boxes is None:
+            boxes = self._routes[(exchange, key)] = [
+                box
+                for box in self.mailboxes.values()
+                if any(ex == exchange and topic_matches(p, key) for ex, p in box.patterns)
+            ]
+        return boxes
 
     def dead_letter(self, reason: str, error: str, body: bytes, queue: str = "") -> None:
         self.dead.append(DeadLetter(reason, error, body, queue))
@@ -209,11 +253,13 @@ class _MemoryEdgeQueue(EdgeQueue):
             patterns = self._boxes[kind].patterns
             if (EVENTS_EXCHANGE, key) not in patterns:
                 patterns.append((EVENTS_EXCHANGE, key))
+        self._broker.mailboxes.bindings_changed()
 
     async def remove_session(self, session: str) -> None:
         keys = {key for _, key in edge_bindings(session)}
         for box in self._boxes.values():
             box.patterns = [(ex, p) for ex, p in box.patterns if p not in keys]
+        self._broker.mailboxes.bindings_changed()
 
     async def backlog(self) -> int:
         return len(self._boxes[DATA].items)

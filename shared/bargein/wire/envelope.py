@@ -92,23 +92,24 @@ def encode(envelope: Envelope) -> bytes:
     return data
 
 
-_PLAIN = (str, int, float, bool, bytes, type(None))
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # msgpack builds exactly these
 
 
 def _require_plain(obj: Any, depth: int = 0) -> None:
     """Only plain msgpack data may cross the wire: no extension types (msgpack's timestamps
-    included), and no absurd nesting."""
+    included), and no absurd nesting. (By exact type: msgpack builds no subclasses; one loop per
+    container, since this runs for every message.)"""
     if depth > 32:
         raise InvalidEnvelope("message nests too deeply")
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            _require_plain(key, depth + 1)
+    values = [*obj.keys(), *obj.values()] if type(obj) is dict else obj
+    for value in values:
+        kind = type(value)
+        if kind in _PLAIN:
+            continue
+        if kind is dict or kind is list:
             _require_plain(value, depth + 1)
-    elif isinstance(obj, list):
-        for value in obj:
-            _require_plain(value, depth + 1)
-    elif not isinstance(obj, _PLAIN):
-        raise InvalidEnvelope(f"message carries a {type(obj).__name__}, which is not plain data")
+        else:
+            raise InvalidEnvelope(f"message carries a {kind.__name__}, which is not plain data")
 
 
 def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope, Event]:
@@ -119,7 +120,7 @@ def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope,
         data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for malformed input
         raise UndecodableMessage(f"not a msgpack message: {type(exc).__name__}: {exc}") from None
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         raise InvalidEnvelope(f"envelope must be a map, got {type(data).__name__}")
     _require_plain(data)
     if data.get("v") != WIRE_VERSION:
