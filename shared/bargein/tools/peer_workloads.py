@@ -33,6 +33,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bargein import (
+    AgentResponse,
+    Bridge,
+    Message,
+    ReasoningNode,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+)
+from bargein.testing.local import LocalSession
+
 FRAMEWORKS = ("bargein", "line", "pipecat")
 SETTLE_S = 0.15  # after an interrupt: late chunks still count, then the next turn starts
 
@@ -115,18 +125,7 @@ async def chunks(turn: int, chunk_s: float, recorder: Recorder) -> Any:
 
 class BargeinSession(Session):
     def __init__(self, chunk_s: float) -> None:
-        from bargein import (
-            AgentResponse,
-            Bridge,
-            Message,
-            ReasoningNode,
-            UserStartedSpeaking,
-            UserStoppedSpeaking,
-        )
-        from bargein.testing.local import LocalSession
-
         self.recorder = recorder = Recorder()
-        self._events = (UserStartedSpeaking, UserStoppedSpeaking, AgentResponse)
 
         class Streamer(ReasoningNode):
             turn = 0
@@ -158,17 +157,16 @@ class BargeinSession(Session):
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        answer = self._events[2]
         while True:
             event = await self.local.next(timeout=3600)
-            if isinstance(event, answer) and event.content.strip():
+            if isinstance(event, AgentResponse) and event.content.strip():
                 self.recorder.chunk(event.content)
 
     async def turn(self, turn: int) -> None:
-        await self.local.emit(self._events[1]())
+        await self.local.emit(UserStoppedSpeaking())
 
     async def interrupt(self) -> None:
-        await self.local.emit(self._events[0]())
+        await self.local.emit(UserStartedSpeaking())
 
     async def stop(self) -> None:
         if self._reader is not None:
