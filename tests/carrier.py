@@ -61,6 +61,19 @@ class Answer:
     stream_url: str = ""
     parameters: dict[str, str] = field(default_factory=dict)
     body: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)  # of the <Stream>
+
+    @classmethod
+    def read(cls, response: httpx.Response) -> Answer:
+        """The webhook's reply: with a 200, the ``<Connect><Stream>`` the carrier connects to."""
+        answer = cls(response.status_code, body=response.text)
+        if response.status_code == 200:
+            stream = ET.fromstring(response.text).find("./Connect/Stream")
+            assert stream is not None, response.text
+            answer.attributes = dict(stream.attrib)
+            answer.stream_url = stream.attrib["url"]
+            answer.parameters = {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
+        return answer
 
 
 async def ring(
@@ -77,13 +90,7 @@ async def ring(
     }
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.post(url, data=params, headers=headers)
-    answer = Answer(response.status_code, body=response.text)
-    if response.status_code == 200:
-        stream = ET.fromstring(response.text).find("./Connect/Stream")
-        assert stream is not None, response.text
-        answer.stream_url = stream.attrib["url"]
-        answer.parameters = {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
-    return answer
+    return Answer.read(response)
 
 
 @dataclass
@@ -230,11 +237,8 @@ async def ring_telnyx(base: str, private_key: Any, *, at: float | None = None, *
                "content-type": "application/x-www-form-urlencoded"}  # fmt: skip
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.post(f"{base}/v1/telnyx/voice", content=body, headers=headers)
-    answer = Answer(response.status_code, body=response.text)
-    if response.status_code == 200:
-        stream = ET.fromstring(response.text).find("./Connect/Stream")
-        assert stream is not None and stream.attrib["bidirectionalMode"] == "rtp", response.text
-        answer.stream_url = stream.attrib["url"]
+    answer = Answer.read(response)
+    assert answer.status != 200 or answer.attributes["bidirectionalMode"] == "rtp", answer.body
     return answer
 
 

@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from bargein import metrics, tracing
 from bargein.edge.carriers.abc import Carrier
 from bargein.edge.core import Connection, Edge, JsonWire
+from bargein.edge.http import CLOSE_BAD_REQUEST, Refusal, admit, overloaded, read_body, websocket_base
 from bargein.edge.phone import phone_routes
 from bargein.edge.protocol import (
     AUDIO_FORMATS,
@@ -34,35 +35,17 @@ from bargein.edge.protocol import (
     frame_json,
     parse,
 )
-from bargein.edge.tokens import ROLES, Role, TokenError, Tokens
+from bargein.edge.tokens import Tokens
 from bargein.errors import BrokerUnavailable
 from bargein.settings import DEFAULT_MAX_BODY_BYTES
-from bargein.wire.envelope import SESSION_ID_PATTERN
 
 log = logging.getLogger("bargein.edge.http")
 
 STATIC = Path(__file__).resolve().parent / "static"
-CLOSE_BAD_REQUEST = 4400
-CLOSE_BAD_TOKEN = 4401
-CLOSE_UNKNOWN_SESSION = 4404
-CLOSE_TRY_AGAIN = 1013
 
 
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": "bad_request", "message": message}}, status_code=400)
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or None once it is over ``limit`` bytes (read no further than that)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
 
 
 async def _refuse(ws: WebSocket, frame: ErrorFrame, code: int) -> None:
@@ -82,7 +65,7 @@ def create_app(
     phone_agent_options: Mapping[str, Any] | None = None,
 ) -> Starlette:
     async def create_session(request: Request) -> Response:
-        raw = await _read_body(request, max_body_bytes)
+        raw = await read_body(request, max_body_bytes)
         if raw is None:
             edge.count("bodies_too_large")
             message = f"the body is larger than {max_body_bytes} bytes"
@@ -92,17 +75,11 @@ def create_app(
         except ProtocolError as exc:
             edge.count("bad_requests")
             return _bad_request(exc.message)
-        if edge.overloaded:  # new callers go to another edge (or come back in a moment)
+        if edge.overloaded:
             edge.count("sessions_refused_overloaded")
-            message = "this edge is overloaded; try again shortly"
-            return JSONResponse(
-                {"error": {"code": ErrorCode.OVERLOADED, "message": message}},
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
+            return overloaded()
         session_id = await edge.create_session(body.agent_options, body.turn_taking, body.voice)
-        base = public_url or str(request.base_url).rstrip("/")
-        ws_base = base.replace("https://", "wss://").replace("http://", "ws://")
+        ws_base = websocket_base(request, public_url)
         return JSONResponse(
             {
                 "session_id": session_id,
@@ -117,28 +94,9 @@ def create_app(
         session_id = ws.path_params["session_id"]
         role_param = ws.query_params.get("role", "caller")
         await ws.accept()
-        try:
-            # an unknown session is unknown whatever token comes with it: 4404, not 4401
-            known = bool(SESSION_ID_PATTERN.fullmatch(session_id)) and await edge.known(session_id)
-        except Exception as exc:  # the state store is down: say so, rather than drop the socket
-            edge.count("joins_unavailable")
-            log.warning("session %s: cannot look the session up: %s: %s", session_id, type(exc).__name__, exc)
-            busy = ErrorFrame(code=ErrorCode.UNAVAILABLE, message="sessions cannot be looked up now; retry")
-            await _refuse(ws, busy, CLOSE_TRY_AGAIN)
-            return
-        if not known:
-            edge.count("unknown_sessions")
-            unknown = ErrorFrame(code=ErrorCode.UNKNOWN_SESSION, message=f"no session {session_id!r}")
-            await _refuse(ws, unknown, CLOSE_UNKNOWN_SESSION)
-            return
-        try:
-            if role_param not in ROLES:
-                raise TokenError(f"role must be one of {ROLES}")
-            role: Role = "caller" if role_param == "caller" else "listener"
-            tokens.check(ws.query_params.get("token"), session_id, role)
-        except TokenError as exc:
-            edge.count("bad_tokens")
-            await _refuse(ws, ErrorFrame(code=ErrorCode.INVALID_TOKEN, message=str(exc)), CLOSE_BAD_TOKEN)
+        role = await admit(edge, tokens, session_id, ws.query_params.get("token"), role_param)
+        if isinstance(role, Refusal):
+            await _refuse(ws, role.frame, role.close_code)
             return
         audio = ws.query_params.get("audio", "none")
         if audio != "none" and audio not in AUDIO_FORMATS:
@@ -224,7 +182,7 @@ def create_app(
         carriers or {},
         public_url=public_url,
         agent_options=phone_agent_options or {},
-        read_body=lambda request: _read_body(request, max_body_bytes),
+        max_body_bytes=max_body_bytes,
     )
     if STATIC.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))

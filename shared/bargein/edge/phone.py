@@ -46,20 +46,18 @@ from bargein.edge.carriers.codec import LineAudio
 from bargein.edge.carriers.telnyx import Telnyx
 from bargein.edge.carriers.twilio import Twilio
 from bargein.edge.core import AudioOut, Connection, Edge, Frame
+from bargein.edge.http import Refusal, admit, overloaded, read_body, requested_url, websocket_base
 from bargein.edge.protocol import AnyServerFrame, AudioMark, Clear, End, KeyPress, Pause, TransferFrame
-from bargein.edge.tokens import TokenError, Tokens
+from bargein.edge.tokens import Tokens
 from bargein.errors import BrokerUnavailable
 from bargein.settings import TelephonySettings
-from bargein.wire.envelope import SESSION_ID_PATTERN
 
 log = logging.getLogger("bargein.edge.phone")
 
 CARRIERS: dict[str, type[Carrier]] = {carrier.name: carrier for carrier in (Twilio, Telnyx)}
 LINE_AUDIO = "mulaw"  # a phone connection's audio (the carrier's codec; the wire converts)
 VOICE_QUERY = "voice"  # ``/v1/<carrier>/voice?voice=...`` picks the agent's voice
-CLOSE_REFUSED = 4401
 TRANSFER_WAIT_S = 10.0  # how long a transferred call's stream stays open for the REST call
-CLOSE_UNKNOWN = 4404
 
 
 def carriers_from(settings: TelephonySettings) -> dict[str, Carrier]:
@@ -129,15 +127,6 @@ class CarrierWire:
             log.debug("closing a %s stream: %s", self.carrier.name, exc)
 
 
-def _public_url(request: Request, public_url: str | None) -> str:
-    """The URL the carrier requested, as it knows it (signatures cover it): behind a proxy, the
-    edge's public URL (``BARGEIN_PUBLIC_URL``) with this request's path and query."""
-    if public_url is None:
-        return str(request.url)
-    query = f"?{request.url.query}" if request.url.query else ""
-    return f"{public_url.rstrip('/')}{request.url.path}{query}"
-
-
 def phone_routes(
     edge: Edge,
     tokens: Tokens,
@@ -145,7 +134,7 @@ def phone_routes(
     *,
     public_url: str | None,
     agent_options: Mapping[str, Any],
-    read_body: Callable[[Request], Any],
+    max_body_bytes: int,
 ) -> list[BaseRoute]:
     """``/v1/<carrier>/voice`` and ``/v1/<carrier>/media`` for each carrier."""
 
@@ -158,29 +147,24 @@ def phone_routes(
         async def voice(request: Request) -> Response:
             if not carrier.configured:
                 return refuse(carrier, f"{carrier.name} is not configured on this edge (docs/telephony.md)")
-            body = await read_body(request)
+            body = await read_body(request, max_body_bytes)
             if body is None:
                 return refuse(carrier, "the body is too large", 413)
             form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-            webhook = Webhook(_public_url(request, public_url), dict(request.headers), body, form)
+            webhook = Webhook(requested_url(request, public_url), dict(request.headers), body, form)
             try:
                 carrier.verify(webhook)
             except CarrierError as exc:
                 return refuse(carrier, str(exc))
             if edge.overloaded:
                 edge.count("sessions_refused_overloaded")
-                return JSONResponse(
-                    {"error": {"code": "overloaded"}}, status_code=503, headers={"Retry-After": "1"}
-                )
+                return overloaded()
             query = dict(request.query_params)
             voice_name = query.pop(VOICE_QUERY, None)
             session_id = await edge.create_session({**agent_options, **query}, {}, voice_name)
             edge.count(f"{carrier.name}_calls")
-            base = public_url or str(request.base_url).rstrip("/")
-            media_url = base.replace("https://", "wss://").replace("http://", "ws://").rstrip("/")
-            markup, media_type = carrier.answer(
-                f"{media_url}/v1/{carrier.name}/media", session_id, tokens.issue(session_id, "caller")
-            )
+            media_url = f"{websocket_base(request, public_url)}/v1/{carrier.name}/media"
+            markup, media_type = carrier.answer(media_url, session_id, tokens.issue(session_id, "caller"))
             log.info(
                 "session %s: a %s call (%s), answered", session_id, carrier.name, form.get("CallSid", "?")
             )
@@ -271,19 +255,10 @@ class _Call:
             SESSION_PARAMETER, ""
         )
         token = event.parameters.get(TOKEN_PARAMETER) or self.ws.query_params.get(TOKEN_PARAMETER)
-        known = bool(SESSION_ID_PATTERN.fullmatch(session_id)) and await self.edge.known(session_id)
-        if not known:
-            self.edge.count("unknown_sessions")
-            log.warning("%s stream %s: no session %r", self.carrier.name, event.stream_id, session_id)
-            await self.ws.close(CLOSE_UNKNOWN)
-            self.over = True
-            return
-        try:
-            self.tokens.check(token, session_id, "caller")
-        except TokenError as exc:
-            self.edge.count("bad_tokens")
-            log.warning("%s stream %s: %s", self.carrier.name, event.stream_id, exc)
-            await self.ws.close(CLOSE_REFUSED)
+        admitted = await admit(self.edge, self.tokens, session_id, token, "caller")
+        if isinstance(admitted, Refusal):  # a carrier reads no frame: the reason is logged
+            log.warning("%s stream %s: %s", self.carrier.name, event.stream_id, admitted.frame.message)
+            await self.ws.close(admitted.close_code)
             self.over = True
             return
         self.wire = CarrierWire(self.ws, self.carrier, event.stream_id, event.call_id)

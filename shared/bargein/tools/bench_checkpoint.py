@@ -57,7 +57,7 @@ class MeasuredStore(RedisStateStore):
     ) -> None:
         started = time.perf_counter()
         await super().save_state(tier, session, epoch, data, ttl_ms, log)
-        size = len(data) + sum(len(item) for change in log.lists for item in change.items)
+        size = len(data) + log.size
         self.writes.append(Written(size, time.perf_counter() - started))
 
 

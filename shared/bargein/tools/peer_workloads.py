@@ -31,13 +31,13 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+import bargein
 from bargein import (
     AgentResponse,
     Bridge,
-    Message,
-    ReasoningNode,
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
@@ -120,33 +120,42 @@ async def chunks(turn: int, chunk_s: float, recorder: Recorder) -> Any:
         raise
 
 
+def agent_bridge(api: Any, chunk_s: float, recorder: Recorder, **node_args: Any) -> Any:
+    """The agent, on bargein's or on Line's classes (``api``: a module with ``ReasoningNode``,
+    ``Bridge``, ``AgentResponse``, ``UserStartedSpeaking`` and ``UserStoppedSpeaking``): one node
+    and one route, written once, so both frameworks run the very same agent."""
+
+    class Streamer(api.ReasoningNode):  # type: ignore[misc]
+        turn = 0
+
+        async def process_context(self, context: Any) -> Any:
+            self.turn += 1
+            async for text in chunks(self.turn, chunk_s, recorder):
+                yield api.AgentResponse(content=text)
+
+        def on_interrupt_generate(self, message: Any) -> None:  # Line's handlers are synchronous
+            recorder.handled(self.turn)
+
+    node = Streamer(**node_args)
+    bridge = api.Bridge(node)
+    (
+        bridge.on(api.UserStoppedSpeaking)
+        .interrupt_on(api.UserStartedSpeaking, handler=node.on_interrupt_generate)
+        .stream(node.generate)
+        .broadcast()
+    )
+    return bridge
+
+
 # --- bargein -------------------------------------------------------------------------------------
 
 
 class BargeinSession(Session):
     def __init__(self, chunk_s: float) -> None:
-        self.recorder = recorder = Recorder()
-
-        class Streamer(ReasoningNode):
-            turn = 0
-
-            async def process_context(self, context: Any) -> Any:
-                self.turn += 1
-                async for text in chunks(self.turn, chunk_s, recorder):
-                    yield AgentResponse(content=text)
-
-            def on_interrupt_generate(self, message: Message) -> None:
-                recorder.handled(self.turn)
+        self.recorder = Recorder()
 
         def agent(session: Any) -> Bridge:
-            node = Streamer()
-            bridge = Bridge(node)
-            (
-                bridge.on(UserStoppedSpeaking)
-                .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
-                .stream(node.generate)
-                .broadcast()
-            )
+            bridge: Bridge = agent_bridge(bargein, chunk_s, self.recorder)
             return bridge
 
         self.local = LocalSession(agent)
@@ -190,28 +199,17 @@ class LineSession(Session):
         self.recorder = recorder = Recorder()
         self._message = Message
         self._events = (UserStartedSpeaking, UserStoppedSpeaking, UserTranscriptionReceived)
-
-        class Streamer(ReasoningNode):  # type: ignore[misc]
-            turn = 0
-
-            async def process_context(self, context: Any) -> Any:
-                self.turn += 1
-                async for text in chunks(self.turn, chunk_s, recorder):
-                    yield AgentResponse(content=text)
-
-            def on_interrupt_generate(self, message: Any) -> None:  # Line's handlers are synchronous
-                recorder.handled(self.turn)
-
         self.bus = Bus()
-        node = Streamer(system_prompt="")
-        bridge = Bridge(node)
-        bridge.on(UserTranscriptionReceived).map(node.add_event)
-        (
-            bridge.on(UserStoppedSpeaking)
-            .interrupt_on(UserStartedSpeaking, handler=node.on_interrupt_generate)
-            .stream(node.generate)
-            .broadcast()
+        api = SimpleNamespace(
+            ReasoningNode=ReasoningNode,
+            Bridge=Bridge,
+            AgentResponse=AgentResponse,
+            UserStartedSpeaking=UserStartedSpeaking,
+            UserStoppedSpeaking=UserStoppedSpeaking,
         )
+        bridge = agent_bridge(api, chunk_s, recorder, system_prompt="")
+        node = bridge.node
+        bridge.on(UserTranscriptionReceived).map(node.add_event)  # Line answers only a conversation
         sink = Bridge("sink")
         sink.on(AgentResponse).map(lambda message: recorder.chunk(message.event.content))
         self.bus.register_bridge(node.id, bridge)

@@ -148,9 +148,27 @@ class LogChange:
 
     lists: tuple[ListChange, ...] = ()
 
+    def removed(self) -> list[bytes]:
+        """The log's names this change deletes: each list's positions past its new items, up to
+        where the list ended before."""
+        return [
+            log_field(change.path, position)
+            for change in self.lists
+            for position in range(change.keep + len(change.items), change.was)
+        ]
+
+    def written(self) -> list[tuple[bytes, bytes]]:
+        """The log's names this change sets, each with its packed item."""
+        return [
+            (log_field(change.path, position), item)
+            for change in self.lists
+            for position, item in enumerate(change.items, change.keep)
+        ]
+
     @property
-    def items(self) -> int:
-        return sum(len(change.items) for change in self.lists)
+    def size(self) -> int:
+        """The bytes of the items it writes (what a checkpoint costs beyond its record)."""
+        return sum(len(item) for change in self.lists for item in change.items)
 
 
 NO_LOG_CHANGE: Final = LogChange()  # a checkpoint with nothing for the log

@@ -44,7 +44,6 @@ from bargein.transport.abc import (
     StateStore,
     Subscription,
     Transport,
-    log_field,
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -490,11 +489,9 @@ class MemoryStateStore(StateStore):
             raise StaleEpochError(f"epoch {epoch} is not current for {tier}/{session}")
         self._state[(tier, session)] = (data, time.monotonic() + ttl_ms / 1000)
         items = self._logs.setdefault((tier, session), {})
-        for change in log.lists:
-            for position in range(change.keep + len(change.items), change.was):
-                items.pop(log_field(change.path, position), None)
-            for position, item in enumerate(change.items, change.keep):
-                items[log_field(change.path, position)] = item
+        for name in log.removed():
+            items.pop(name, None)
+        items.update(log.written())
 
     async def load_state(self, tier: Tier, session: str) -> bytes | None:
         entry = self._state.get((tier, session))

@@ -49,7 +49,7 @@ import redis.asyncio as aioredis
 
 from bargein.errors import StaleEpochError
 from bargein.settings import BrokerSettings
-from bargein.transport.abc import NO_LOG_CHANGE, Heartbeat, LogChange, Renewal, StateStore, log_field
+from bargein.transport.abc import NO_LOG_CHANGE, Heartbeat, LogChange, Renewal, StateStore
 from bargein.transport.redis_address import async_client, sync_client
 from bargein.wire.names import (
     Tier,
@@ -286,12 +286,8 @@ class RedisStateStore(StateStore):
         self, tier: Tier, session: str, epoch: int, data: bytes, ttl_ms: int, log: LogChange = NO_LOG_CHANGE
     ) -> None:
         _check_ttl(ttl_ms)
-        deletes: list[bytes] = []
-        sets: list[bytes] = []
-        for change in log.lists:
-            deletes += [log_field(change.path, n) for n in range(change.keep + len(change.items), change.was)]
-            for position, item in enumerate(change.items, change.keep):
-                sets += [log_field(change.path, position), item]
+        deletes = log.removed()
+        sets = [part for pair in log.written() for part in pair]
         stored = await self._save(
             keys=[epoch_key(tier, session), state_key(tier, session), state_log_key(tier, session)],
             args=[str(int(epoch)), data, ttl_ms, self._epoch_ttl(ttl_ms), len(deletes), *deletes, *sets],

@@ -7,7 +7,15 @@ import binascii
 import json
 from typing import Any
 
-from bargein.edge.carriers.abc import CallerAudio, CarrierError, Ignored
+from bargein.edge.carriers.abc import (
+    CallerAudio,
+    CarrierError,
+    CarrierEvent,
+    Ignored,
+    KeyPressed,
+    MarkPlayed,
+    StreamStopped,
+)
 
 
 def message_of(text: str) -> dict[str, Any]:
@@ -43,3 +51,18 @@ def caller_audio(message: dict[str, Any]) -> CallerAudio | Ignored:
 def media_message(ulaw: bytes, **fields: Any) -> str:
     """A ``media`` message to a carrier, with whatever else it wants beside the payload."""
     return json.dumps({"event": "media", **fields, "media": {"payload": base64.b64encode(ulaw).decode()}})
+
+
+def shared_event(message: dict[str, Any]) -> CarrierEvent | None:
+    """The events the carriers spell alike (``media``, ``mark``, ``dtmf``, ``stop``); None for
+    the others, which each carrier reads its own way (``start`` above all)."""
+    event = message.get("event")
+    if event == "media":
+        return caller_audio(message)
+    if event == "mark":
+        return MarkPlayed(text_of(object_of(message.get("mark"), "mark").get("name"), "mark.name"))
+    if event == "dtmf":
+        return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
+    if event == "stop":
+        return StreamStopped()
+    return None

@@ -33,13 +33,10 @@ from bargein.edge.carriers.abc import (
     CarrierEvent,
     Dialled,
     Ignored,
-    KeyPressed,
-    MarkPlayed,
     StreamStarted,
-    StreamStopped,
     Webhook,
 )
-from bargein.edge.carriers.reading import caller_audio, media_message, message_of, object_of, text_of
+from bargein.edge.carriers.reading import media_message, message_of, object_of, shared_event, text_of
 
 DIAL_TIMEOUT_S = 15.0
 
@@ -80,9 +77,10 @@ class Telnyx(Carrier):
 
     def parse(self, text: str) -> CarrierEvent:
         message = message_of(text)
+        shared = shared_event(message)
+        if shared is not None:
+            return shared
         event = message.get("event")
-        if event == "media":
-            return caller_audio(message)
         if event == "start":
             start = object_of(message.get("start"), "start")
             encoding = object_of(start.get("media_format", {}), "start.media_format").get("encoding", "PCMU")
@@ -92,12 +90,6 @@ class Telnyx(Carrier):
                 stream_id=text_of(message.get("stream_id"), "stream_id"),
                 call_id=text_of(start.get("call_control_id"), "start.call_control_id"),
             )
-        if event == "mark":
-            return MarkPlayed(text_of(object_of(message.get("mark"), "mark").get("name"), "mark.name"))
-        if event == "dtmf":
-            return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
-        if event == "stop":
-            return StreamStopped()
         if event in ("connected", "error"):
             return Ignored(str(event))
         raise CarrierError(f"unknown event {event!r}")

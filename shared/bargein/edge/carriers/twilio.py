@@ -29,13 +29,10 @@ from bargein.edge.carriers.abc import (
     CarrierEvent,
     Dialled,
     Ignored,
-    KeyPressed,
-    MarkPlayed,
     StreamStarted,
-    StreamStopped,
     Webhook,
 )
-from bargein.edge.carriers.reading import caller_audio, media_message, message_of, object_of, text_of
+from bargein.edge.carriers.reading import media_message, message_of, object_of, shared_event, text_of
 
 
 class Twilio(Carrier):
@@ -66,9 +63,10 @@ class Twilio(Carrier):
 
     def parse(self, text: str) -> CarrierEvent:
         message = message_of(text)
+        shared = shared_event(message)
+        if shared is not None:
+            return shared
         event = message.get("event")
-        if event == "media":
-            return caller_audio(message)
         if event == "start":
             start = object_of(message.get("start"), "start")
             parameters = object_of(start.get("customParameters", {}), "start.customParameters")
@@ -77,12 +75,6 @@ class Twilio(Carrier):
                 call_id=text_of(start.get("callSid"), "start.callSid"),
                 parameters={str(k): str(v) for k, v in parameters.items()},
             )
-        if event == "mark":
-            return MarkPlayed(text_of(object_of(message.get("mark"), "mark").get("name"), "mark.name"))
-        if event == "dtmf":
-            return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
-        if event == "stop":
-            return StreamStopped()
         if event == "connected":
             return Ignored("connected")
         raise CarrierError(f"unknown event {event!r}")
