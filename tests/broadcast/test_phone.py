@@ -261,5 +261,10 @@ async def test_a_cough_on_the_line_pauses_the_voice_with_a_clear_and_nothing_is_
     assert not control.marks("clear")
     # the turn went on after the pause: its marks keep coming, and every word was heard once
     assert list(dict.fromkeys(call.acked)) == list(dict.fromkeys(control.acked))
-    # as much audio played as without the cough (a frame is 160 bytes; eSpeak NG varies a little)
-    assert abs(len(call.played.rstrip(b"\xff")) - len(control.played.rstrip(b"\xff"))) < 480
+    # as much audio played as without the cough (a frame is 160 bytes; eSpeak NG varies a little).
+    # Nothing repeated beyond that. What is lost is at most the carrier's lag behind the edge's
+    # clock at the pause (the rewind goes back to what the clock says was played; the clear drops
+    # what the carrier had not yet played of it): 60 ms was seen with the machine busy.
+    ours, theirs = len(call.played.rstrip(b"\xff")), len(control.played.rstrip(b"\xff"))
+    assert ours - theirs < 480, (ours, theirs)
+    assert theirs - ours < 960, (ours, theirs)
