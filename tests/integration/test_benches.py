@@ -15,8 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
+from bargein.tools.bench_all import SCENARIOS
 from bargein.tools.bench_checkpoint import run_checkpoint_bench
 from bargein.tools.bench_e2e import run_e2e_bench
 from bargein.tools.bench_failover import damage, run_failover_bench
@@ -131,17 +133,6 @@ def test_the_barge_in_decision_bench_runs_and_reports(tmp_path: Path) -> None:
     assert 0 <= data["scores"]["recall"] <= 1
 
 
-def test_the_speech_to_text_bench_runs_and_reports() -> None:
-    done = run_cli("bench", "stt", "--voices", "en-us", "--rates", "170", "--phrases", "2", "--clips", "2",
-                   "--sessions", "1,2")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
-    assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", out), out
-    assert re.search(r"words after the end of speech: p50 \d+ ms, p95 \d+ ms", out), out
-    assert re.search(r"engine's own time per call: p50 \d+ ms", out), out
-    assert re.search(r"real-time sessions one speech process serves here:( at least)? \d+", out), out
-
-
 def test_the_speech_benches_refuse_to_run_without_an_engine() -> None:
     env = {**os.environ, "BARGEIN_STT": "none"}
     done = subprocess.run(
@@ -161,3 +152,39 @@ async def test_the_checkpoint_bench_runs_and_reports(redis_url: str) -> None:
     assert report.turns[120]["whole_bytes"] > 20 * report.turns[1]["whole_bytes"]
     assert report.turns[120]["bytes"] < 2 * report.turns[1]["bytes"]
     assert "target <= 1.5x" in text and "target < 100 ms" in text
+
+
+@pytest.mark.timeout(1200)
+def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
+    tmp_path: Path, rabbitmq_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the smoke test of every bench at once: each runs for a second or two, as `bench all --quick`
+    monkeypatch.setenv("BARGEIN_RABBITMQ_URL", rabbitmq_url)
+    monkeypatch.setenv("BARGEIN_REDIS_URL", redis_url)
+
+    table, report = tmp_path / "performance.md", tmp_path / "all.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bargein.tools.cli", "bench", "all", "--quick",
+         "--markdown", str(table), "--json", str(report)],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
+    outcomes = {o["scenario"]: o for o in json.loads(report.read_text())["outcomes"]}
+    assert set(outcomes) == {s.name for s in SCENARIOS}
+    for name, outcome in outcomes.items():
+        assert outcome["exit_code"] == 0, (name, outcome["output"][-20:])
+        assert outcome["results"], (name, outcome["output"][-20:])  # it stated what it measured
+    # what each scenario is there to report reached the table
+    text = table.read_text()
+    assert text.count("\n| ") == len(SCENARIOS) + 1  # the header and a row each
+    for expected in ("ratio p50", "chunks/s", "kill → first resumed chunk", "per second", "restore:",
+                     "CPU per chunk", "real-time sessions", "false cuts", "word error rate",
+                     "real interruptions that interrupted"):  # fmt: skip
+        assert expected in text, expected
+    assert "--quick" in text and "cores" in text  # the command and the machine
+    # the speech-to-text bench's report, whole (it has no other smoke test)
+    stt = "\n".join(outcomes["stt"]["output"])
+    assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", stt), stt
+    assert re.search(r"words after the end of speech: p50 \d+ ms, p95 \d+ ms", stt), stt
+    assert re.search(r"engine's own time per call: p50 \d+ ms", stt), stt
+    assert re.search(r"real-time sessions one speech process serves here:( at least)? \d+", stt), stt

@@ -1,8 +1,9 @@
 """``bargein bench peers`` runs each framework's workload and reports every number it names.
 
-A short run (a few sessions for a second) on each of bargein, Line 0.1.12 and Pipecat 1.14 (the
-``peers`` extra, part of the dev install): no speed is asserted, only that every framework ran, was
-interrupted, and that bargein's answers are exact (handler ran, next turn right, no chunk lost).
+A short run (a few sessions for a second) on each of bargein (in process, and distributed over the
+test's RabbitMQ and Redis), Line 0.1.12 and Pipecat 1.14 (the ``peers`` extra, part of the dev
+install): no speed is asserted, only that every framework ran, was interrupted, and that bargein's
+answers are exact (handler ran, next turn right, no chunk lost).
 """
 
 from __future__ import annotations
@@ -12,31 +13,40 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from bargein.tools.bench_peers import main, run_peers_bench
 
 
-def test_every_framework_runs_the_workload_and_is_measured() -> None:
+@pytest.fixture
+def brokers(rabbitmq_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The distributed run's RabbitMQ and Redis, for the workload's own process."""
+    monkeypatch.setenv("BARGEIN_RABBITMQ_URL", rabbitmq_url)
+    monkeypatch.setenv("BARGEIN_REDIS_URL", redis_url)
+
+
+def test_every_framework_runs_the_workload_and_is_measured(brokers: None) -> None:
     out = io.StringIO()
     report = run_peers_bench([3], seconds=1.5, rounds=1, out=out)
     results = report["results"]["3"]
-    assert set(results) == {"bargein", "line", "pipecat"}
+    assert set(results) == {"bargein", "bargein-distributed", "line", "pipecat"}
     for framework, result in results.items():
         assert "error" not in result, (framework, result)
         assert result["interrupts"] >= 3 and result["chunks"] > 50, (framework, result)
         assert result["not_cancelled"] == 0, framework  # every interrupt cancelled the generation
         assert not math.isnan(result["cancel_p50_ms"]) and result["cpu_us_per_chunk"] > 0
-    ours = results["bargein"]
-    assert ours["handler_ran"] == ours["interrupts"] and ours["next_turn_wrong"] == 0
+    for ours in (results["bargein"], results["bargein-distributed"]):
+        assert ours["handler_ran"] == ours["interrupts"] and ours["next_turn_wrong"] == 0
     assert results["line"]["handler_ran"] == results["line"]["interrupts"]
     assert results["pipecat"]["handler_ran"] is None  # Pipecat has no interrupt handler
     text = out.getvalue()
     assert "CPU per chunk / the cheaper peer's" in text and "target <= 1.2x" in text
 
 
-def test_the_command_writes_json_and_a_plot(tmp_path: Path) -> None:
+def test_the_command_writes_json_and_a_plot(tmp_path: Path, brokers: None) -> None:
     report, picture = tmp_path / "peers.json", tmp_path / "peers.png"
     assert main("2", 1.0, 1, 20.0, str(report), str(picture)) == 0
     data = json.loads(report.read_text())
-    assert set(data["results"]["2"]) == {"bargein", "line", "pipecat"}
+    assert set(data["results"]["2"]) == {"bargein", "bargein-distributed", "line", "pipecat"}
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main("x", 1.0, 1) == 2  # a bad --sessions is refused

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -24,8 +25,23 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+_ACCEPTS: weakref.WeakKeyDictionary[Any, dict[int, bool]] = weakref.WeakKeyDictionary()
+
+
 def accepts(fn: Callable[..., Any], n: int) -> bool:
-    """Whether ``fn`` can be called with exactly ``n`` positional arguments."""
+    """Whether ``fn`` can be called with exactly ``n`` positional arguments. Remembered per
+    function (a bound method by its function), as every step of every streamed chunk asks."""
+    target, count = (fn.__func__, n + 1) if inspect.ismethod(fn) else (fn, n)
+    try:
+        known = _ACCEPTS.setdefault(target, {})
+    except TypeError:  # not weakly referable (a builtin): ask every time
+        return _accepts(fn, n)
+    if count not in known:
+        known[count] = _accepts(fn, n)
+    return known[count]
+
+
+def _accepts(fn: Callable[..., Any], n: int) -> bool:
     sig = _signature(fn)
     if sig is None:
         return True

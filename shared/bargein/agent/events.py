@@ -11,6 +11,7 @@ publish them at high priority.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, ClassVar, Final, cast
 
@@ -98,10 +99,18 @@ class Event(BaseModel):
     def to_payload(self) -> dict[str, Any]:
         """The fields as plain data for the wire: JSON-style values, except that ``bytes`` fields
         stay bytes (msgpack carries them natively; base64 would cost a third more)."""
-        raw = [name for name, field in type(self).model_fields.items() if field.annotation is bytes]
+        raw = _bytes_fields(type(self))
+        if not raw:
+            return self.model_dump(mode="json")
         payload = self.model_dump(mode="json", exclude=set(raw))
         payload.update({name: getattr(self, name) for name in raw})
         return payload
+
+
+@functools.cache
+def _bytes_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that stay bytes on the wire (asked for every event sent)."""
+    return frozenset(name for name, field in cls.model_fields.items() if field.annotation is bytes)
 
 
 def register_model(cls: type[BaseModel]) -> None:

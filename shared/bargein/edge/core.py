@@ -43,7 +43,6 @@ from bargein.agent.events import (
     InterruptPolicy,
     LogMetric,
     SessionError,
-    SpeechDelivered,
     ToolCall,
     ToolResult,
     TransferCall,
@@ -318,14 +317,12 @@ class EdgeSession:
         self.completed: set[int] = set()
         self.history: collections.deque[Frame] = collections.deque(maxlen=HISTORY_FRAMES)
         self.joined_once = False
-        self.reports: dict[int, int] = {}  # delivered since the last report, for the report loop
         self.heard = HeardLog()  # what every owner is told when it starts
         self.ended = False
         self.end_reason: str | None = None
         self.idle_since: float | None = time.monotonic()
         self.playback = Playback()  # told to the speech tier as it changes, in order
         self.playback_lock = asyncio.Lock()
-        self.finals: set[int] = set()  # turns cut off since the last report: the caller hears no more
         self.voice: Voice | None = None  # the agent's voice, once a connection wants audio
         self.paused_since: float | None = None  # a soft barge-in holds the voice since then
         self._audio_turn = 0  # the turn whose audio went out last
@@ -376,7 +373,7 @@ class EdgeSession:
         if self.voice is not None:  # what the caller heard up to now, and no more of it
             self.voice_outputs(self.voice.clear(turn, time.monotonic()))
             self.paused_since = None
-        self.finals.add(turn)
+        self.heard.cut(turn)
         self.tell_speech(self.playback.cleared(turn))
         log.info(
             "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
@@ -394,8 +391,7 @@ class EdgeSession:
         return 0
 
     def delivered(self, turn: int, seq: int, chars: int | None = None) -> None:
-        if self.heard.heard(turn, seq, chars):
-            self.reports[turn] = seq
+        self.heard.heard(turn, seq, chars)  # reported by the report loop
         self.tell_speech(self.playback.heard(turn, seq))
 
     # --- the agent's voice -----------------------------------------------------------------------
@@ -485,17 +481,6 @@ class EdgeSession:
         (:class:`AgentPlayback`, so a burst over the agent is judged by its words)."""
         if speaking is not None:
             self.edge.spawn(self.edge.playback(self, speaking))
-
-    def take_reports(self) -> list[SpeechDelivered]:
-        """What the caller got of each turn since the last time: the owner is told."""
-        turns = sorted(set(self.reports) | self.finals)
-        final, self.reports, self.finals = self.finals, {}, set()
-        out = []
-        for turn in turns:
-            position = self.heard.position(turn)
-            seq, chars = position if position is not None else (-1, None)
-            out.append(SpeechDelivered(turn=turn, seq=seq, chars=chars, final=turn in final))
-        return out
 
 
 class Edge:
@@ -873,7 +858,7 @@ class Edge:
         while True:
             await asyncio.sleep(interval)
             for session in list(self.sessions.values()):
-                for report in session.take_reports():
+                for report in session.heard.take_reports():
                     with contextlib.suppress(Exception):
                         await self._publish(session.session_id, report)
 

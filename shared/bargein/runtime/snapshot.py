@@ -71,9 +71,37 @@ def context_slice(path: str, start: int, end: int, context: ConversationContext)
     return msgpack.ExtType(_EXT_CONTEXT_SLICE, data)
 
 
+# Events packed by recent checkpoints, by identity: a session checkpoints several times a turn, and
+# each time packed its whole history again (most of a checkpoint's cost). An event is packed again
+# unless it is the very object packed before and every field still holds the very (immutable)
+# value it held then, which an event changed in place does not.
+_PACKED_EVENTS: dict[int, tuple[BaseModel, tuple[Any, ...], msgpack.ExtType]] = {}
+PACKED_EVENTS_KEPT = 8192  # strong references: an id stays unique while its event is kept here
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
+_SCALARS = frozenset({float, bool, bytes, type(None)})
+
+
+def _event_ext(obj: BaseModel) -> msgpack.ExtType:
+    values = tuple(obj.__dict__.values())
+    known = _PACKED_EVENTS.get(id(obj))
+    if (
+        known is not None
+        and known[0] is obj
+        and len(known[1]) == len(values)
+        and all(then is now for then, now in zip(known[1], values, strict=True))
+    ):
+        return known[2]
+    ext = msgpack.ExtType(_EXT_EVENT, _pack([type(obj).__name__, payload_of(obj)]))
+    if all(type(value) in _IMMUTABLE or isinstance(value, enum.Enum) for value in values):
+        if len(_PACKED_EVENTS) >= PACKED_EVENTS_KEPT:
+            del _PACKED_EVENTS[next(iter(_PACKED_EVENTS))]  # the oldest
+        _PACKED_EVENTS[id(obj)] = (obj, values, ext)
+    return ext
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, Event) or (isinstance(obj, BaseModel) and is_registered(type(obj))):
-        return msgpack.ExtType(_EXT_EVENT, _pack([type(obj).__name__, payload_of(obj)]))
+        return _event_ext(obj)
     if isinstance(obj, ConversationContext):
         return msgpack.ExtType(_EXT_CONTEXT, _pack([obj.events, obj.system_prompt, obj.metadata]))
     if isinstance(obj, tuple | set | frozenset):
@@ -166,6 +194,9 @@ def capture(obj: object, depth: int = 0, *, long_lists: bool = True) -> dict[str
     state: dict[str, Any] = {}
     for name, value in vars(obj).items():
         if name.startswith("_"):
+            continue
+        if type(value) in _SCALARS or (type(value) is int and -(2**63) <= value < 2**64):
+            state[name] = value  # packs, always (a string may not: a lone surrogate)
             continue
         if not long_lists and (
             (type(value) is list and len(value) >= LONG_LIST) or type(value) is ConversationContext

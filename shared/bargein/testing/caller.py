@@ -3,8 +3,11 @@
 :class:`Caller` plays the two outer roles of a conversation for tests, benchmarks and the demo: the
 caller (``emit``) and the client edge (``next``). As the edge it applies the same
 :class:`~bargein.wire.fence.TurnFence` the broadcast service does, so after an interrupt no chunk of the
-interrupted turn is ever returned, even one already queued; and it reports each chunk it hands out
-as delivered, so the agent's history keeps exactly the text that was consumed.
+interrupted turn is ever returned, even one already queued; and it reports the chunks it hands out
+as delivered, so the agent's history keeps exactly the text that was consumed. As the edge does,
+it reports coalesced: at most every ``report_interval_s`` while chunks stream, and at once before
+anything else it publishes, when it settles, when a turn completes and when a turn is cut off, so
+a report is never overtaken by what the caller does next.
 
 Given a :class:`~bargein.voice.speaker.Voice`, it is an edge whose caller hears the agent: the
 chunks it hands out are spoken, played at real time into a :class:`Loudspeaker` (the demo's
@@ -47,6 +50,8 @@ from bargein.wire.playback import Playback
 
 E = TypeVar("E", bound=Event)
 
+REPORT_INTERVAL_S = 0.05  # as the broadcast service's default (BARGEIN_BROADCAST_REPORT_INTERVAL_MS)
+
 
 class Loudspeaker(Protocol):
     """Where a caller who hears the agent plays its voice (``tools.earpiece.Earpiece`` is one)."""
@@ -71,6 +76,7 @@ class Caller:
         settle: Callable[[], Awaitable[None]] | None = None,
         voice: Voice | None = None,
         loudspeaker: Loudspeaker | None = None,
+        report_interval_s: float = REPORT_INTERVAL_S,
     ) -> None:
         self.transport = transport
         self.voice = voice  # the caller hears the agent: chunks are spoken, heard is what played
@@ -94,6 +100,10 @@ class Caller:
         self._arrived = asyncio.Event()
         self._seq = itertools.count()
         self._edge: Subscription | None = None
+        self.report_interval_s = report_interval_s
+        self._reported_at = 0.0  # when delivery was last reported (monotonic)
+        self._report_timer: asyncio.TimerHandle | None = None
+        self._late_reports: set[asyncio.Task[None]] = set()
 
     async def attach(self) -> None:
         """Start receiving the session's output (declares the edge mailbox)."""
@@ -102,6 +112,11 @@ class Caller:
             self._player = asyncio.create_task(self._play(), name=f"caller-voice:{self.session_id}")
 
     async def detach(self) -> None:
+        if self._report_timer is not None:
+            self._report_timer.cancel()
+            self._report_timer = None
+        for task in list(self._late_reports):
+            task.cancel()
         if self._player is not None:
             self._player.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -114,12 +129,14 @@ class Caller:
             self._edge = None
 
     async def settle(self) -> None:
+        await self.report_now()
         if self._settle is not None:
             await self._settle()
 
     # --- the caller ------------------------------------------------------------------------------
 
     async def emit(self, event: Event) -> Envelope:
+        await self.report_now()  # what the caller got before what it does now
         envelope = Envelope.wrap(self.session_id, event, seq=next(self._seq), source=Source.USER)
         await self.transport.publish(envelope, IN)
         await self.settle()
@@ -135,6 +152,7 @@ class Caller:
                     await self._report(self.heard.record())
             return
         if isinstance(event, TurnInterrupted):
+            await self.report_now()
             await self.cut(event.turn)
             await self._tell_speech(self.playback.cleared(event.turn))
             if self.fence.interrupt(event.turn):
@@ -156,10 +174,11 @@ class Caller:
                 await self._arrived.wait()
 
     async def next_envelope(self, timeout: float = 5.0) -> tuple[Envelope, Event]:
-        async with asyncio.timeout(timeout):
-            while not self._buffer:
-                self._arrived.clear()
-                await self._arrived.wait()
+        if not self._buffer:  # (no timer when something is waiting: that is every chunk of a stream)
+            async with asyncio.timeout(timeout):
+                while not self._buffer:
+                    self._arrived.clear()
+                    await self._arrived.wait()
         envelope, event = self._buffer.popleft()
         await self._hand_out(envelope, event)
         return envelope, event
@@ -175,11 +194,12 @@ class Caller:
             await self._tell_speech(self.playback.sent(envelope.turn, envelope.seq))
             await self._tell_speech(self.playback.heard(envelope.turn, envelope.seq))
             self.heard.sent(envelope.turn, envelope.seq, event.content)
-            if self.report_delivery and self.heard.heard(envelope.turn, envelope.seq):
-                await self._report(SpeechDelivered(turn=envelope.turn, seq=envelope.seq))
+            self.heard.heard(envelope.turn, envelope.seq)
+            await self._report_soon()
         if isinstance(event, AgentGenerationComplete) and self.voice is not None:
             self.voice.complete(envelope.turn)
         elif isinstance(event, AgentGenerationComplete):
+            await self.report_now()  # the whole answer was handed out
             await self._tell_speech(self.playback.complete(envelope.turn))
         if isinstance(event, EndCall) and envelope.source not in Source.CALLER_SIDE:
             # the agent hung up and everything before it was handed out: end the session, as the
@@ -233,9 +253,8 @@ class Caller:
         await self._voice_outputs(self.voice.clear(turn, now))
         if self.loudspeaker is not None:
             self.loudspeaker.clear(now)
-        if self.report_delivery:
-            seq, chars = self.heard.position(turn) or (-1, None)
-            await self._report(SpeechDelivered(turn=turn, seq=seq, chars=chars, final=True))
+        self.heard.cut(turn)
+        await self.report_now()  # how far the caller heard it, final
         await self._tell_speech(self.playback.cleared(turn))
 
     async def _play(self) -> None:
@@ -252,8 +271,8 @@ class Caller:
                 if self.loudspeaker is not None:
                     self.loudspeaker.audio(out.pcm, time.monotonic())
             elif isinstance(out, player.Heard):
-                if self.report_delivery and self.heard.heard(out.turn, out.seq, out.chars):
-                    await self._report(SpeechDelivered(turn=out.turn, seq=out.seq, chars=out.chars))
+                if self.heard.heard(out.turn, out.seq, out.chars):
+                    await self._report_soon()
             elif isinstance(out, player.Done):
                 await self._tell_speech(self.playback.played_out(out.turn))
 
@@ -266,6 +285,37 @@ class Caller:
 
     async def _report(self, report: SpeechDelivered | HeardRecord) -> None:
         await self.transport.publish(Envelope.wrap(self.session_id, report, source=Source.EDGE), IN)
+
+    # --- delivery reports, coalesced -------------------------------------------------------------
+
+    async def report_now(self) -> None:
+        """Tell the owner what the caller got since the last report (one report a turn)."""
+        if not self.heard.unreported:
+            return
+        self._reported_at = time.monotonic()
+        reports = self.heard.take_reports()
+        if not self.report_delivery:
+            return
+        for report in reports:
+            with contextlib.suppress(UnroutableError):  # the owner is gone already
+                await self._report(report)
+
+    async def _report_soon(self) -> None:
+        """Chunks are streaming: report now if the last report is ``report_interval_s`` old, and
+        otherwise once it is (a timer, in case nothing more arrives meanwhile)."""
+        wait = self._reported_at + self.report_interval_s - time.monotonic()
+        if wait <= 0:
+            await self.report_now()
+        elif self._report_timer is None:
+            self._report_timer = asyncio.get_running_loop().call_later(wait, self._report_late)
+
+    def _report_late(self) -> None:
+        self._report_timer = None
+        if not self.heard.unreported:  # reported meanwhile
+            return
+        task = asyncio.get_running_loop().create_task(self.report_now())
+        self._late_reports.add(task)
+        task.add_done_callback(self._late_reports.discard)
 
     async def next(self, timeout: float = 5.0) -> Event:
         """The next event the agent broadcast that a client would receive."""

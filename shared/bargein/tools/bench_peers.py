@@ -1,5 +1,6 @@
 """``bargein bench peers``: bargein beside Line 0.1.12 and Pipecat 1.14 on the same workload, in one
-run (:mod:`bargein.tools.peer_workloads` says what the workload is and what is measured).
+run (:mod:`bargein.tools.peer_workloads` says what the workload is and what is measured): bargein
+in process and bargein distributed (one worker over RabbitMQ and Redis).
 
 Each framework runs in a fresh process, and the runs are interleaved (bargein, Line, Pipecat, then
 again), so a machine that gets busier mid-run burdens them alike. For each session count the bench
@@ -22,6 +23,7 @@ from typing import Any, TextIO
 from bargein.tools.benchkit import percentile, say, verdict
 from bargein.tools.peer_workloads import FRAMEWORKS
 
+PEERS = ("line", "pipecat")  # the others are bargein's own runtimes
 TARGET_CPU_RATIO = 1.2
 RUN_TIMEOUT_S = 600.0
 
@@ -93,21 +95,21 @@ def run_peers_bench(
 
 def _table(out: TextIO, count: int, chunk_ms: float, results: dict[str, dict[str, Any]]) -> None:
     say(out, f"S={count} sessions, a chunk every {chunk_ms:g} ms each:")
-    say(out, "  framework   cancel p50/p99 ms   last chunk p50/p99 ms   after/1000   handler   "
+    say(out, "  framework             cancel p50/p99 ms   last chunk p50/p99 ms   after/1000   handler   "
              "next wrong   CPU/chunk   chunks/s")  # fmt: skip
     for framework, r in results.items():
         if "error" in r:
-            say(out, f"  {framework:<10}  {r['error']}")
+            say(out, f"  {framework:<20}  {r['error']}")
             continue
         handler = "n/a" if r["handler_ran"] is None else f"{r['handler_ran']}/{r['interrupts']}"
         say(
             out,
-            f"  {framework:<10}  {r['cancel_p50_ms']:6.2f} / {r['cancel_p99_ms']:7.2f}    "
+            f"  {framework:<20}  {r['cancel_p50_ms']:6.2f} / {r['cancel_p99_ms']:7.2f}    "
             f"{r['last_chunk_p50_ms']:7.2f} / {r['last_chunk_p99_ms']:7.2f}      "
             f"{r['chunks_after_per_1000']:8.1f}   {handler:>9}   {r['next_turn_wrong']:>6}      "
             f"{r['cpu_us_per_chunk']:6.0f} µs   {r['chunks_per_s']:7.0f}",
         )
-    peers = [r["cpu_us_per_chunk"] for f, r in results.items() if f != "bargein" and "error" not in r]
+    peers = [r["cpu_us_per_chunk"] for f, r in results.items() if f in PEERS and "error" not in r]
     ours = results.get("bargein", {})
     if peers and "error" not in ours:
         ratio = ours["cpu_us_per_chunk"] / min(peers)

@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint", help="bytes and time of a turn's checkpoint at turn 1, 100 and 1,000; restore time"
     )
     chk.add_argument("--turns", type=_positive, default=1000, help="turns of the call (default 1000)")
+    every = bench_sub.add_parser(
+        "all", help="every bench in turn, and one table of their results (the README's Performance)"
+    )
+    every.add_argument("--quick", action="store_true", help="a second or two each: a smoke test")
+    every.add_argument("--only", help="comma-separated scenarios (default: all of them)")
+    every.add_argument("--markdown", dest="markdown_path", help="write the table to this file")
+    every.add_argument("--json", dest="json_path", help="write every scenario's output to this file")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -259,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.wire.names import TIER_SPEECH
 
             return service_main(TIER_SPEECH, speech_factory)
+        if args.command == "bench" and args.bench == "all":
+            from bargein.tools.bench_all import main as all_main
+
+            return all_main(args.quick, args.only, args.markdown_path, args.json_path)
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 

@@ -14,7 +14,11 @@ random point (0.3 to 1.0 s in), then starts the next turn. What is measured, per
 and for the whole run, the CPU time (``time.process_time``) per chunk that reached the sink.
 
 The frameworks: ``bargein`` (the in-process runtime, :class:`~bargein.testing.local.LocalSession`,
-delivery reports on, as always), ``line`` (Cartesia Line 0.1.12's bus and bridges, as its voice
+delivery reports on, as always), ``bargein-distributed`` (the same agent hosted by one
+:class:`~bargein.hosting.host.SessionHost`, the reasoning worker's, over RabbitMQ and Redis from
+``BARGEIN_RABBITMQ_URL`` / ``BARGEIN_REDIS_URL``, its callers' edge in the same process on a
+connection of its own: the CPU counted is the worker's and the edge's, not the broker's or
+Redis'), ``line`` (Cartesia Line 0.1.12's bus and bridges, as its voice
 agents use them), ``pipecat`` (a Pipecat 1.14 pipeline whose processor streams in
 ``process_frame``, interrupted by an ``InterruptionFrame``). Line and Pipecat come with the
 ``peers`` extra (``pip install 'bargein[peers]'``); both log through loguru, set to WARNING here as a
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,9 +47,17 @@ from bargein import (
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
+from bargein.hosting.host import SessionHost
+from bargein.hosting.sessions import forget_session
+from bargein.settings import BrokerSettings, load
+from bargein.testing.caller import Caller
 from bargein.testing.local import LocalSession
+from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.names import IN, TIER_EDGE, TIER_REASONING
+from bargein.wire.session_info import SessionInfo
 
-FRAMEWORKS = ("bargein", "line", "pipecat")
+FRAMEWORKS = ("bargein", "bargein-distributed", "line", "pipecat")
 SETTLE_S = 0.15  # after an interrupt: late chunks still count, then the next turn starts
 
 
@@ -130,8 +144,12 @@ def agent_bridge(api: Any, chunk_s: float, recorder: Recorder, **node_args: Any)
 
         async def process_context(self, context: Any) -> Any:
             self.turn += 1
-            async for text in chunks(self.turn, chunk_s, recorder):
-                yield api.AgentResponse(content=text)
+            try:
+                async for text in chunks(self.turn, chunk_s, recorder):
+                    yield api.AgentResponse(content=text)
+            except asyncio.CancelledError:  # at the yield: the runtime was publishing the chunk
+                recorder.cancelled(self.turn)
+                raise
 
         def on_interrupt_generate(self, message: Any) -> None:  # Line's handlers are synchronous
             recorder.handled(self.turn)
@@ -159,6 +177,7 @@ class BargeinSession(Session):
             return bridge
 
         self.local = LocalSession(agent)
+        self.caller: Caller = self.local
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -167,20 +186,76 @@ class BargeinSession(Session):
 
     async def _read(self) -> None:
         while True:
-            event = await self.local.next(timeout=3600)
+            event = await self.caller.next(timeout=3600)
             if isinstance(event, AgentResponse) and event.content.strip():
                 self.recorder.chunk(event.content)
 
     async def turn(self, turn: int) -> None:
-        await self.local.emit(UserStoppedSpeaking())
+        await self.caller.emit(UserStoppedSpeaking())
 
     async def interrupt(self) -> None:
-        await self.local.emit(UserStartedSpeaking())
+        await self.caller.emit(UserStartedSpeaking())
 
     async def stop(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
         await self.local.__aexit__(None, None, None)
+
+
+class DistributedBargeinSession(BargeinSession):
+    """The same agent and caller, through RabbitMQ and Redis: one worker hosts every session of
+    the run (:class:`Distributed`), each caller is a :class:`~bargein.testing.caller.Caller` on
+    the edge's connection."""
+
+    def __init__(self, chunk_s: float, cluster: Distributed) -> None:
+        self.recorder = Recorder()
+        self.cluster = cluster
+        self.session_id = f"peers{uuid.uuid4().hex[:12]}"
+        self.caller = Caller(cluster.edge, self.session_id)
+        cluster.recorders[self.session_id] = self.recorder
+        self._reader = None
+
+    async def start(self) -> None:
+        info = SessionInfo(self.session_id, {}, edge_reports_delivery=True)
+        await self.caller.attach()
+        await self.cluster.worker.declare_mailbox(self.session_id, TIER_REASONING, IN)
+        await self.cluster.host.open(info)
+        self._reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.cluster.host.close(self.session_id)
+        await self.caller.detach()
+        await forget_session(self.cluster.worker, self.cluster.store, self.session_id, tier=TIER_REASONING)
+        await self.cluster.edge.delete_mailbox(self.session_id, TIER_EDGE)
+
+
+class Distributed:
+    """One reasoning worker's host and one edge connection, shared by a run's sessions."""
+
+    def __init__(self, chunk_s: float) -> None:
+        self.chunk_s = chunk_s
+        self.recorders: dict[str, Recorder] = {}
+
+    async def __aenter__(self) -> Distributed:
+        broker = load(BrokerSettings)
+        self.worker = await AmqpTransport.connect(broker.rabbitmq_url, name="bargein-peers-worker")
+        self.edge = await AmqpTransport.connect(broker.rabbitmq_url, name="bargein-peers-edge")
+        self.store = RedisStateStore.from_url(broker.redis_url)
+
+        def agent(session: Any) -> Bridge:
+            bridge: Bridge = agent_bridge(bargein, self.chunk_s, self.recorders[session.session_id])
+            return bridge
+
+        self.host = SessionHost.for_agent(self.worker, self.store, agent, owner=f"peers-{os.getpid()}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.host.close_all()
+        await self.edge.close()
+        await self.worker.close()
+        await self.store.close()
 
 
 # --- Line 0.1.12 -----------------------------------------------------------------------------------
@@ -324,7 +399,19 @@ async def drive(session: Session, seconds: float, warmup: float, rng: random.Ran
 
 async def run(framework: str, sessions: int, seconds: float, chunk_ms: float, seed: int) -> dict[str, Any]:
     chunk_s = chunk_ms / 1000
-    made = [SESSIONS[framework](chunk_s) for _ in range(sessions)]
+    if framework == "bargein-distributed":
+        async with Distributed(chunk_s) as cluster:
+            made: list[Session] = [DistributedBargeinSession(chunk_s, cluster) for _ in range(sessions)]
+            return await measure(framework, made, seconds, chunk_ms, seed)
+    return await measure(
+        framework, [SESSIONS[framework](chunk_s) for _ in range(sessions)], seconds, chunk_ms, seed
+    )
+
+
+async def measure(
+    framework: str, made: list[Session], seconds: float, chunk_ms: float, seed: int
+) -> dict[str, Any]:
+    sessions = len(made)
     from loguru import logger  # after the frameworks' imports: Line's resets it to DEBUG
 
     logger.remove()
@@ -369,7 +456,7 @@ async def run(framework: str, sessions: int, seconds: float, chunk_ms: float, se
 
 def main(argv: list[str]) -> int:
     framework, settings = argv[0], json.loads(argv[1])
-    if framework not in SESSIONS:
+    if framework not in FRAMEWORKS:
         print(json.dumps({"framework": framework, "error": f"unknown framework {framework!r}"}))
         return 2
     try:

@@ -11,6 +11,8 @@ dead-lettered message.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import time
 import uuid
@@ -37,13 +39,23 @@ SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def validate_session_id(session: str) -> str:
-    if not isinstance(session, str) or not SESSION_ID_PATTERN.fullmatch(session):
+    if type(session) is not str or not _valid_session_id(session):
         raise InvalidSessionId(f"invalid session id {session!r}: use 1-64 of [A-Za-z0-9_-]")
     return session
 
 
+@functools.lru_cache(maxsize=4096)  # asked twice a message, of the few sessions a process serves
+def _valid_session_id(session: str) -> bool:
+    return SESSION_ID_PATTERN.fullmatch(session) is not None
+
+
 def new_session_id() -> str:
     return uuid.uuid4().hex
+
+
+def new_message_id() -> str:
+    """128 random bits in hex, as a uuid4's; without building a ``UUID`` (one per message)."""
+    return os.urandom(16).hex()
 
 
 class Envelope(BaseModel):
@@ -58,7 +70,7 @@ class Envelope(BaseModel):
     seq: int = Field(default=0, ge=0)
     epoch: int = Field(default=0, ge=0)
     ts: float = Field(default_factory=time.time)
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex, max_length=64)
+    id: str = Field(default_factory=new_message_id, max_length=64)
     source: str = Field(default="", max_length=128)
     trace: dict[str, str] = Field(default_factory=dict)
     payload: dict[str, Any] = Field(default_factory=dict)

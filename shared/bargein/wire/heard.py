@@ -7,11 +7,16 @@ predecessor produced, so the edge, which sent the chunks, answers every owner's 
 (``InterruptPolicy``) with a :class:`~bargein.agent.events.HeardRecord`: per recent turn, the highest
 chunk the caller got and their text. The broadcast service and the in-process ``Caller`` both
 keep a :class:`HeardLog`.
+
+Both also report to the owner from it, coalesced (:meth:`HeardLog.take_reports`): one report per
+turn that advanced since the last one, not one per chunk. A report a chunk cost as much as the
+chunk itself (a message each way); the owner needs only the latest position, and a cut-off turn's
+final one.
 """
 
 from __future__ import annotations
 
-from bargein.agent.events import HeardRecord, HeardTurn
+from bargein.agent.events import HeardRecord, HeardTurn, SpeechDelivered
 
 RECENT_TURNS = 8  # turns whose delivered text is kept: a hand-over only ever concerns the last few
 
@@ -45,6 +50,8 @@ class HeardLog:
     def __init__(self) -> None:
         self._sent: dict[int, dict[int, str]] = {}  # turn -> seq -> text of each chunk sent out
         self._heard: dict[int, Position] = {}  # turn -> how far the caller was sent or played
+        self._news: set[int] = set()  # turns that advanced since the last report
+        self._cut: set[int] = set()  # turns cut off since the last report: the caller hears no more
 
     def sent(self, turn: int, seq: int, text: str) -> None:
         """A chunk went out to the session's clients."""
@@ -61,7 +68,26 @@ class HeardLog:
         if not later(position, self._heard.get(turn)):
             return False
         self._heard[turn] = position
+        self._news.add(turn)
         return True
+
+    def cut(self, turn: int) -> None:
+        """The caller hears no more of ``turn``: the next report of it says so (``final``)."""
+        self._cut.add(turn)
+
+    @property
+    def unreported(self) -> bool:
+        return bool(self._news or self._cut)
+
+    def take_reports(self) -> list[SpeechDelivered]:
+        """What the caller got of each turn since the last time, one report a turn: the owner is told."""
+        turns = sorted(self._news | self._cut)
+        final, self._news, self._cut = self._cut, set(), set()
+        reports = []
+        for turn in turns:
+            seq, chars = self._heard.get(turn) or (-1, None)
+            reports.append(SpeechDelivered(turn=turn, seq=seq, chars=chars, final=turn in final))
+        return reports
 
     def position(self, turn: int) -> Position | None:
         """How far the caller got in ``turn``, if anywhere."""
