@@ -785,3 +785,27 @@ async def test_inline_route_outputs_get_their_own_turn_and_seq() -> None:
     turns = [env.turn for env, _ in got]
     assert turns[0] == turns[1] and turns[2] == turns[3] and turns[2] > turns[0] >= 1
     assert all(env.epoch == 1 for env, _ in got)
+
+
+async def test_a_callable_is_called_with_what_it_takes_each_time_it_is_remembered() -> None:
+    # call_flexible remembers, per function, whether it takes the message: a bound method by its
+    # function, so two instances share the answer, and a function that takes none is never given one
+    from bargein.agent.calling import accepts, call_flexible
+
+    class Node:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def takes(self, message: object) -> str:
+            return f"{self.name}:{message}"
+
+        def bare(self) -> str:
+            return self.name
+
+    a, b = Node("a"), Node("b")
+    for _ in range(2):  # asked, then remembered
+        assert await call_flexible(a.takes, 1) == "a:1" and await call_flexible(b.takes, 2) == "b:2"
+        assert await call_flexible(a.bare, 1) == "a" and await call_flexible(b.bare, 1) == "b"
+        assert await call_flexible(lambda: "none", 1) == "none"
+        assert await call_flexible(len, "four") == 4  # a builtin: no signature to remember
+    assert accepts(a.takes, 1) and not accepts(a.takes, 0) and accepts(Node.takes, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -356,3 +357,30 @@ async def test_a_final_report_cuts_an_answer_the_agent_had_finished() -> None:
         await s.broker.settle()
         assert node.conversation_events[-1] == AgentResponse(content="w0 w1 w2 w3")
         assert node._resumable is not None  # a FalseInterruption now picks it up where it was cut
+
+
+async def test_the_caller_reports_delivery_coalesced_and_before_whatever_it_does_next() -> None:
+    """A report per chunk cost as much as the chunk: the in-process caller, as the edge, reports
+    a turn's position at most every interval while chunks stream; the interrupt still finds the
+    history exact, because the caller reports what it got before it publishes anything else."""
+    log: list[str] = []
+    reports: list[SpeechDelivered] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        publish = s.transport.publish
+
+        async def counting(envelope: Envelope, direction: Any) -> None:
+            if envelope.type == "SpeechDelivered":
+                reports.append(SpeechDelivered.model_validate(envelope.payload))
+            await publish(envelope, direction)
+
+        s.transport.publish = counting  # type: ignore[method-assign]  # counts, then publishes
+        await ask(s)
+        text = "".join(await take_chunks(s, 12))  # 12 chunks at ~10 ms: a few report intervals
+        assert 1 <= len(reports) < 8, reports  # not one a chunk
+        assert all(later.seq > earlier.seq for earlier, later in itertools.pairwise(reports))
+        await s.emit(UserStartedSpeaking())  # reports first: how far the caller got, then the cut
+        await wait_for(lambda: "handler-end" in log)
+        assert reports[-1].seq == 11 and not reports[-1].final
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.conversation_events[-1] == AgentResponse(content=text)

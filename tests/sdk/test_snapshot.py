@@ -85,3 +85,16 @@ def test_library_objects_and_cycles_are_not_walked() -> None:
     state = snapshot.capture(a)
     assert state["count"] == 1 and "peer" in state
     assert "client" not in snapshot.capture(Agent())  # a Logger: the standard library's
+
+
+def test_an_event_changed_in_place_is_checkpointed_as_it_is_now() -> None:
+    # checkpoints reuse what they packed of an event before: only while it is the same object
+    # holding the same values
+    history = [AgentResponse(content="one"), AgentResponse(content="two")]
+    first = snapshot.loads(snapshot.dumps({"history": history}))["history"]
+    assert snapshot.loads(snapshot.dumps({"history": history}))["history"] == first
+    history[1].content = "three"  # changed in place, as an agent may
+    again = snapshot.loads(snapshot.dumps({"history": history}))["history"]
+    assert again == [AgentResponse(content="one"), AgentResponse(content="three")]
+    history[0] = AgentResponse(content="one")  # an equal event, a new object
+    assert snapshot.loads(snapshot.dumps({"history": history}))["history"] == again
