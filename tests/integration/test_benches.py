@@ -165,7 +165,7 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
     table, report = tmp_path / "performance.md", tmp_path / "all.json"
     done = subprocess.run(
         [sys.executable, "-m", "bargein.tools.cli", "bench", "all", "--quick",
-         "--markdown", str(table), "--json", str(report)],
+         "--markdown", str(table), "--json", str(report), "--plots", str(tmp_path / "plots")],
         capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
@@ -182,6 +182,7 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
                      "real interruptions that interrupted"):  # fmt: skip
         assert expected in text, expected
     assert "--quick" in text and "cores" in text  # the command and the machine
+    assert (tmp_path / "plots" / "peers.png").stat().st_size > 0
     # the speech-to-text bench's report, whole (it has no other smoke test)
     stt = "\n".join(outcomes["stt"]["output"])
     assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", stt), stt

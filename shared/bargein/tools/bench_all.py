@@ -5,7 +5,8 @@ so one that fails or hangs does not take the others with it), its output shown a
 line prefixed with the scenario's name. From each it keeps the lines that state a result: those
 naming a target (the benches print ``target ... met`` / ``NOT met``), and, for the benches that
 measure without a target, the lines the scenario names. The table (``--markdown PATH``) is what the
-README's "Performance" section shows; ``--json PATH`` keeps every line and time.
+README's "Performance" section shows; ``--json PATH`` keeps every line and time; ``--plots DIR``
+has the benches that draw (``peers``) draw there.
 
 ``--quick`` runs every scenario for a second or two with the smallest settings that still
 measure: the smoke test's run, so that no bench can rot unnoticed. Its numbers mean nothing.
@@ -39,6 +40,7 @@ class Scenario:
     quick: tuple[str, ...]  # the same, for a second or two
     what: str  # what it measures, in a few words
     results: str = r"target"  # a line that states a result matches this (case-insensitive)
+    plots: bool = False  # takes ``--plot PATH``
 
 
 SPEECH_CORPUS_QUICK = ("--voices", "en-us", "--rates", "170", "--phrases", "2")
@@ -89,8 +91,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "peers",
         ("peers",),
         ("peers", "--sessions", "2", "--seconds", "1", "--rounds", "1"),
-        "bargein in process beside Line 0.1.12 and Pipecat 1.14: interrupt latency, CPU per chunk",
+        "bargein in process and distributed beside Line 0.1.12 and Pipecat 1.14: interrupts, CPU a chunk",
         r"target|^\s+(framework|bargein|line|pipecat)\S*\s|^S=",
+        plots=True,
     ),
     Scenario(
         "vad",
@@ -157,8 +160,10 @@ def machine() -> dict[str, str]:
     }
 
 
-def run_scenario(scenario: Scenario, quick: bool, out: TextIO) -> Outcome:
+def run_scenario(scenario: Scenario, quick: bool, out: TextIO, plots: Path | None = None) -> Outcome:
     arguments = scenario.quick if quick else scenario.command
+    if plots is not None and scenario.plots:
+        arguments = (*arguments, "--plot", str(plots / f"{scenario.command[0]}.png"))
     command = [sys.executable, "-m", "bargein.tools.cli", "bench", *arguments]
     shown = "bargein bench " + " ".join(arguments)
     say(out, f"== {scenario.name}: {shown}")
@@ -220,13 +225,19 @@ def _cell(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split())
 
 
-def run_all(*, quick: bool = False, only: list[str] | None = None, out: TextIO = sys.stdout) -> list[Outcome]:
+def run_all(
+    *,
+    quick: bool = False,
+    only: list[str] | None = None,
+    plots: Path | None = None,
+    out: TextIO = sys.stdout,
+) -> list[Outcome]:
     chosen = [s for s in SCENARIOS if not only or s.name in only or s.command[0] in only]
     say(out, f"bench all: {len(chosen)} scenarios{' (quick)' if quick else ''}")
     outcomes = []
     for number, scenario in enumerate(chosen, 1):
         say(out, f"[{number}/{len(chosen)}]")
-        outcomes.append(run_scenario(scenario, quick, out))
+        outcomes.append(run_scenario(scenario, quick, out, plots))
     return outcomes
 
 
@@ -235,6 +246,7 @@ def main(
     only: str | None = None,
     markdown_path: str | None = None,
     json_path: str | None = None,
+    plots_dir: str | None = None,
 ) -> int:
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     known = {s.name for s in SCENARIOS} | {s.command[0] for s in SCENARIOS}
@@ -246,7 +258,10 @@ def main(
         )
         return 2
     command = "bargein bench all" + (" --quick" if quick else "") + (f" --only {only}" if only else "")
-    outcomes = run_all(quick=quick, only=names)
+    plots = Path(plots_dir) if plots_dir else None
+    if plots is not None:
+        plots.mkdir(parents=True, exist_ok=True)
+    outcomes = run_all(quick=quick, only=names, plots=plots)
     table = markdown(outcomes, quick, command)
     print()
     print(table)

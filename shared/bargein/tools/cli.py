@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     every.add_argument("--only", help="comma-separated scenarios (default: all of them)")
     every.add_argument("--markdown", dest="markdown_path", help="write the table to this file")
     every.add_argument("--json", dest="json_path", help="write every scenario's output to this file")
+    every.add_argument("--plots", dest="plots_dir", help="the benches that draw, draw into this directory")
     vad = bench_sub.add_parser("vad", help="VAD real-time sessions per core: batched vs one call per session")
     vad.add_argument("--sessions", default="64,128,256", help="comma-separated session counts")
     vad.add_argument("--seconds", type=float, default=3.0, help="audio per session and mode")
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "all":
             from bargein.tools.bench_all import main as all_main
 
-            return all_main(args.quick, args.only, args.markdown_path, args.json_path)
+            return all_main(args.quick, args.only, args.markdown_path, args.json_path, args.plots_dir)
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
