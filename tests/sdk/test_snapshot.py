@@ -98,3 +98,10 @@ def test_an_event_changed_in_place_is_checkpointed_as_it_is_now() -> None:
     assert again == [AgentResponse(content="one"), AgentResponse(content="three")]
     history[0] = AgentResponse(content="one")  # an equal event, a new object
     assert snapshot.loads(snapshot.dumps({"history": history}))["history"] == again
+
+
+def test_what_checkpoints_keep_of_packed_events_is_bounded() -> None:
+    events = [AgentResponse(content=f"e{i}") for i in range(snapshot.PACKED_EVENTS_KEPT + 100)]
+    restored = snapshot.loads(snapshot.dumps({"history": events}))["history"]
+    assert restored == events
+    assert len(snapshot._PACKED_EVENTS) <= snapshot.PACKED_EVENTS_KEPT

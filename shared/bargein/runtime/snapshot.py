@@ -15,6 +15,7 @@ is the one the agent's code created), so nothing is ever imported by name. Whate
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -94,7 +95,8 @@ def _event_ext(obj: BaseModel) -> msgpack.ExtType:
     ext = msgpack.ExtType(_EXT_EVENT, _pack([type(obj).__name__, payload_of(obj)]))
     if all(type(value) in _IMMUTABLE or isinstance(value, enum.Enum) for value in values):
         if len(_PACKED_EVENTS) >= PACKED_EVENTS_KEPT:
-            del _PACKED_EVENTS[next(iter(_PACKED_EVENTS))]  # the oldest
+            with contextlib.suppress(RuntimeError, KeyError, StopIteration):  # another thread's loop
+                del _PACKED_EVENTS[next(iter(_PACKED_EVENTS))]  # the oldest
         _PACKED_EVENTS[id(obj)] = (obj, values, ext)
     return ext
 
