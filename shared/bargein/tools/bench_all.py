@@ -51,14 +51,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("interrupt",),
         ("interrupt", "--sessions", "4", "--samples", "5"),
         "interrupt → CancelledError beside a raw broker hop; 200 sessions, 100 ms chunks, one worker",
-        r"target|CancelledError|raw publish",
+        r"target|count\s+p50|CancelledError|raw publish",
     ),
     Scenario(
         "interrupt-20ms",
         ("interrupt", "--chunk-ms", "20"),
         ("interrupt", "--sessions", "4", "--samples", "5", "--chunk-ms", "20"),
         "the same under load: 200 sessions streaming a chunk every 20 ms through one worker",
-        r"target|CancelledError|raw publish|streaming sessions, \d+ worker",
+        r"target|count\s+p50|CancelledError|raw publish|streaming sessions, \d+ worker",
     ),
     Scenario(
         "throughput",
