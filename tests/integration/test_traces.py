@@ -86,8 +86,14 @@ async def test_a_barge_in_is_one_trace_from_the_edge_to_the_cancelled_turn(
         await ws.send(json.dumps({"type": "interrupt"}))
         await until(ws, "clear")
         await ws.send(json.dumps({"type": "end"}))
-    for _ in range(100):  # the services export in batches
-        if collector.named("turn 1") and len(collector.named("dispatch UserStartedSpeaking")) >= 2:
+    for _ in range(200):  # the services export in batches, each on its own schedule
+        barge_ins = collector.named("dispatch UserStartedSpeaking")
+        known = {span.span_id for _, span in collector.spans}
+        if (
+            collector.named("turn 1")
+            and len(barge_ins) >= 2
+            and all(span.parent_span_id in known for _, span in barge_ins)  # the edge's spans too
+        ):
             break
         await asyncio.sleep(0.1)
     by_id = {span.span_id: (service, span) for service, span in collector.spans}
