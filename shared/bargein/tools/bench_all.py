@@ -42,6 +42,10 @@ class Scenario:
     results: str = r"target"  # a line that states a result matches this (case-insensitive)
     plots: bool = False  # takes ``--plot PATH``
 
+    def answers_to(self, name: str) -> bool:
+        """``--only`` names a scenario by its row or by its bench (``interrupt``: both of those)."""
+        return name in (self.name, self.command[0])
+
 
 SPEECH_CORPUS_QUICK = ("--voices", "en-us", "--rates", "170", "--phrases", "2")
 
@@ -231,7 +235,7 @@ def run_all(
     plots: Path | None = None,
     out: TextIO = sys.stdout,
 ) -> list[Outcome]:
-    chosen = [s for s in SCENARIOS if not only or s.name in only or s.command[0] in only]
+    chosen = [s for s in SCENARIOS if not only or any(s.answers_to(name) for name in only)]
     say(out, f"bench all: {len(chosen)} scenarios{' (quick)' if quick else ''}")
     outcomes = []
     for number, scenario in enumerate(chosen, 1):
@@ -248,11 +252,11 @@ def main(
     plots_dir: str | None = None,
 ) -> int:
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
-    known = {s.name for s in SCENARIOS} | {s.command[0] for s in SCENARIOS}
-    if names and not set(names) <= known:
+    unknown = [name for name in names or [] if not any(s.answers_to(name) for s in SCENARIOS)]
+    if unknown:
+        known = sorted({s.name for s in SCENARIOS} | {s.command[0] for s in SCENARIOS})
         print(
-            f"bargein bench all: unknown scenario(s) {sorted(set(names) - known)}; "
-            f"known: {', '.join(sorted(known))}",
+            f"bargein bench all: unknown scenario(s) {unknown}; known: {', '.join(known)}",
             file=sys.stderr,
         )
         return 2

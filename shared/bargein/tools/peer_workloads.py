@@ -207,7 +207,7 @@ class DistributedBargeinSession(BargeinSession):
     the run (:class:`Distributed`), each caller is a :class:`~bargein.testing.caller.Caller` on
     the edge's connection."""
 
-    def __init__(self, chunk_s: float, cluster: Distributed) -> None:
+    def __init__(self, cluster: Distributed) -> None:
         self.recorder = Recorder()
         self.cluster = cluster
         self.session_id = f"peers{uuid.uuid4().hex[:12]}"
@@ -401,7 +401,7 @@ async def run(framework: str, sessions: int, seconds: float, chunk_ms: float, se
     chunk_s = chunk_ms / 1000
     if framework == "bargein-distributed":
         async with Distributed(chunk_s) as cluster:
-            made: list[Session] = [DistributedBargeinSession(chunk_s, cluster) for _ in range(sessions)]
+            made: list[Session] = [DistributedBargeinSession(cluster) for _ in range(sessions)]
             return await measure(framework, made, seconds, chunk_ms, seed)
     return await measure(
         framework, [SESSIONS[framework](chunk_s) for _ in range(sessions)], seconds, chunk_ms, seed
