@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from collections.abc import Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # from a millisecond to a few seconds: interrupts land at the low end, turns at the high end
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -67,34 +69,56 @@ VAD_BATCH_SESSIONS = Histogram(
 )
 SESSIONS = Gauge("bargein_sessions", "Sessions this process owns (workers) or serves (edge).", ["tier"])
 QUEUE_BACKLOG = Gauge("bargein_edge_backlog", "Chunks waiting in RabbitMQ for this edge process.")
-EVENTS = Counter(
-    "bargein_events_total",
-    "What the services count (dropped chunks, clears, adoptions, bad frames, rate-limited clients, ...).",
-    ["service", "event"],
-)
+# What the services count, by service: the totals of every Counted and of count(). They are read
+# when /metrics is scraped (_EventsCollector), not pushed into a prometheus-client Counter as they
+# grow: a counter is bumped several times for every chunk, and a labelled child's lock and float
+# cost five times what the plain dictionary does.
+_TOTALS: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+
+class _EventsCollector(Collector):
+    """``bargein_events_total{service, event}``: every service counter, as it stands when scraped."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "bargein_events",
+            "What the services count (dropped chunks, clears, adoptions, bad frames, rate-limited "
+            "clients, ...).",
+            labels=["service", "event"],
+        )
+        for service, counts in list(_TOTALS.items()):
+            for event, n in list(counts.items()):
+                family.add_metric([service, event], n)
+        yield family
+
+
+REGISTRY.register(_EventsCollector())
 
 
 def count(service: str, event: str, n: int = 1) -> None:
-    EVENTS.labels(service, event).inc(n)
+    _TOTALS[service][event] += n
+
+
+def events_total(service: str, event: str) -> int:
+    """What ``bargein_events_total{service, event}`` says now."""
+    return _TOTALS[service][event]
 
 
 class Counted(collections.Counter[str]):
     """A service's counters (``counters["bad_frames"] += 1``), also exported as
-    ``bargein_events_total{service=..., event=...}``: every increase is added there."""
+    ``bargein_events_total{service=..., event=...}``: every increase is added to the service's
+    total."""
 
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service
-        self._children: dict[str, Any] = {}
+        self._total = _TOTALS[service]
 
     def __setitem__(self, key: str, value: int) -> None:
         grew = value - self.get(key, 0)
         super().__setitem__(key, value)
         if grew > 0:
-            child = self._children.get(key)
-            if child is None:
-                child = self._children[key] = EVENTS.labels(self.service, key)
-            child.inc(grew)
+            self._total[key] += grew
 
 
 def since(published: float) -> float:

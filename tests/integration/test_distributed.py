@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import msgspec
 import pytest
 
 from bargein import (
@@ -288,13 +289,13 @@ async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
     sid = caller.session_id
     key = routing_key(sid, IN, "UserTranscriptionReceived")
     good = Envelope.wrap(sid, UserTranscriptionReceived(content="fine"))
-    other = Envelope.wrap(new_session_id(), UserTranscriptionReceived(content="x")).model_dump()
+    other = Envelope.wrap(new_session_id(), UserTranscriptionReceived(content="x")).as_dict()
     bad: dict[str, bytes] = {
         "undecodable": b"\xc1\xc1 not msgpack",
-        "unknown_type": encode(good.model_copy(update={"type": "os.system"})),
-        "too_large": encode(good.model_copy(update={"payload": {"content": "x" * 70_000}})),
-        "bad_session": encode(Envelope.model_construct(**{**other, "session": "bad.id"})),
-        "bad_envelope": encode(good.model_copy(update={"payload": {"content": 42}})),
+        "unknown_type": encode(msgspec.structs.replace(good, type="os.system")),
+        "too_large": encode(msgspec.structs.replace(good, payload={"content": "x" * 70_000})),
+        "bad_session": encode(Envelope(**{**other, "session": "bad.id"})),
+        "bad_envelope": encode(msgspec.structs.replace(good, payload={"content": 42})),
     }
     await ask(caller, "before")
     assert text_of(await caller.collect_turn(timeout=T)) == "before"

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from bargein import metrics, tracing
 from bargein.hosting.logs import configure_logging
@@ -48,7 +49,8 @@ def test_counted_counters_are_exported_as_they_grow() -> None:
     counters["clears_probe"] += 2
     counters["clears_probe"] += 1
     assert counters["clears_probe"] == 3
-    assert metrics.EVENTS.labels("edge", "clears_probe")._value.get() == 3
+    exported = REGISTRY.get_sample_value("bargein_events_total", {"service": "edge", "event": "clears_probe"})
+    assert exported == 3 == metrics.events_total("edge", "clears_probe")
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,7 @@ class EnvelopeTestQuietStop(EmergencyStop, control=False):
 def wire_dict(event: Event | None = None, **overrides: Any) -> dict[str, Any]:
     """A valid envelope as the plain dict that goes on the wire, with some fields replaced."""
     env = Envelope.wrap(SESSION, event or AgentResponse(content="hi"), turn=1, seq=2, epoch=3)
-    data = env.model_dump()
+    data = env.as_dict()
     data.update(overrides)
     return data
 

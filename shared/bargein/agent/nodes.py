@@ -57,6 +57,33 @@ def _append_text(produced: list[Event], text: str) -> None:
         produced.append(AgentResponse(content=text))
 
 
+class _Produced:
+    """What an answer has produced so far, in order: text merged into assistant messages, other
+    events (tool calls...) as they came. The text of a run of chunks is kept as pieces and made
+    into one message when the events are asked for: a new message of all the text so far at every
+    chunk cost each chunk a model and each answer the square of its length."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._pieces: list[str] = []
+
+    def text(self, piece: str) -> None:
+        self._pieces.append(piece)
+
+    def event(self, event: Event) -> None:
+        self._merge()
+        self._events.append(event)
+
+    def events(self) -> list[Event]:
+        self._merge()
+        return self._events
+
+    def _merge(self) -> None:
+        if self._pieces:
+            _append_text(self._events, "".join(self._pieces))
+            self._pieces = []
+
+
 def _cut(produced: list[Event], delivered: str) -> list[Event]:
     """The part of a turn's output the caller received: text up to ``delivered``'s length, and the
     other events (tool calls...) that came before that point. Always at least one (maybe empty)
@@ -258,39 +285,44 @@ class ReasoningNode(Node):
         if getattr(self, "context", None) is None or isinstance(self.context, ConversationContext):
             self.context = context
         set_current_context(context)
-        produced: list[Event] = []
+        produced = _Produced()
         skip = len(heard)
         clears = self._clears
         gen = self.process_context(context)
         try:
             async for item in gen:
                 if self._clears != clears:  # the node cleared its history mid-answer (Line let it)
-                    clears, produced, start, length = self._clears, [], len(self.conversation_events), 0
+                    clears, produced, start, length = (
+                        self._clears,
+                        _Produced(),
+                        len(self.conversation_events),
+                        0,
+                    )
                 if isinstance(item, AgentResponse):
-                    _append_text(produced, item.content)
+                    produced.text(item.content)
                     text, skip = item.content[skip:], max(0, skip - len(item.content))
                     if not text:
                         continue
                     self.current_response += text
                     yield item if text == item.content else AgentResponse(content=text)
                 elif not isinstance(item, AgentGenerationComplete):
-                    produced.append(item)
+                    produced.event(item)
                     if not skip:
                         yield item
         except BaseException as exc:
             await close_generator(gen, exc)
             if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-                self._record_interrupted(produced, heard, context_events, start, length)
+                self._record_interrupted(produced.events(), heard, context_events, start, length)
             raise
         if self._clears != clears:
-            produced, start, length = [], len(self.conversation_events), 0
-        whole = produced or [AgentResponse(content="")]
+            produced, start, length = _Produced(), len(self.conversation_events), 0
+        whole = produced.events() or [AgentResponse(content="")]
         self.conversation_events[start : start + length] = whole
         run = current_run()
         if run is not None and run.turn is not None:
             self._finished = (
                 run.turn,
-                _InterruptedTurn(produced, start, len(whole), list(context_events), heard),
+                _InterruptedTurn(produced.events(), start, len(whole), list(context_events), heard),
             )
         yield AgentGenerationComplete()
 

@@ -77,7 +77,7 @@ class Journal:
             for name, value in list(attrs.items()):
                 if type(value) is ConversationContext:
                     attrs[name] = _context(
-                        node_id, name, value, {p: now[p] for p in now if p.startswith(f"{node_id}.")}, pack
+                        node_id, name, value, {p: now[p] for p in now if p.startswith(f"{node_id}.")}
                     )
         return lengths, LogChange(tuple(changes)), now
 
@@ -130,10 +130,10 @@ async def read(store: StateStore, tier: Tier, session: str) -> tuple[dict[str, A
 SLICE_SEARCH: Final = 256  # how far back from a list's end its stretch may start (then: whole)
 
 
-def _context(node_id: str, name: str, context: ConversationContext, lists: Lists, pack: Pack) -> Any:
+def _context(node_id: str, name: str, context: ConversationContext, lists: Lists) -> Any:
     """A node's conversation context in the record: a reference to the stretch of one of the node's
     journaled lists its events are (a reasoning node's running context is the last turns of its
-    history), else the context itself, if it can be checkpointed at all (else it is left out)."""
+    history), else the context itself, packed, if it can be checkpointed at all (else it is left out)."""
     events = context.events
     for path, items in lists.items():
         if not events or len(events) > len(items):
@@ -143,11 +143,10 @@ def _context(node_id: str, name: str, context: ConversationContext, lists: Lists
             if items[start] is first and items[start : start + len(events)] == events:
                 return snapshot.context_slice(path, start, start + len(events), context)
     try:
-        pack(context)
+        return snapshot.packed(context)
     except (TypeError, ValueError, OverflowError):
         snapshot.skipped(node_id, name, "ConversationContext that cannot be checkpointed")
         return None
-    return context
 
 
 def _common_prefix(before: list[Any], now: list[Any]) -> int:

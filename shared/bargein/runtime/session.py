@@ -92,6 +92,8 @@ class SessionRuntime(SessionProcessor):
         self.state_ttl_ms = state_ttl_ms
         self.on_end = on_end
         self.agent_session = AgentSession([])
+        self._nodes: list[Node] = []
+        self._nodes_of: AgentSession | None = None
         self.executors: list[RouteExecutor] = []
         self.ledger = DeliveryLedger(session.edge_reports_delivery)
         self.counters: collections.Counter[str] = Counted("reasoning")
@@ -214,10 +216,14 @@ class SessionRuntime(SessionProcessor):
 
     @property
     def nodes(self) -> list[Node]:
-        seen: dict[int, Node] = {}
-        for bridge in self.bridges:
-            seen.setdefault(id(bridge.node), bridge.node)
-        return list(seen.values())
+        """The bridges' nodes, each once (asked at every checkpoint and delivery report; the
+        bridges are the agent's from the start on, so they are listed once)."""
+        if self._nodes_of is not self.agent_session:
+            seen: dict[int, Node] = {}
+            for bridge in self.bridges:
+                seen.setdefault(id(bridge.node), bridge.node)
+            self._nodes, self._nodes_of = list(seen.values()), self.agent_session
+        return self._nodes
 
     @property
     def active_turns(self) -> int:
@@ -247,14 +253,13 @@ class SessionRuntime(SessionProcessor):
         if self.fenced or now >= self.lease_deadline or (self.liveness and now >= self.liveness.alive_until):
             self.count("not_owner")  # thawed after a pause, say: another process may own it now
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
-        message = message_of(envelope, event)
         bound = tracing.SESSION.set(self.session_id)
         try:
-            await self._handle(envelope, event, message)
+            await self._handle(envelope, event)
         finally:
             tracing.SESSION.reset(bound)
 
-    async def _handle(self, envelope: Envelope, event: Event, message: Message) -> None:
+    async def _handle(self, envelope: Envelope, event: Event) -> None:
         if isinstance(event, SpeechDelivered | HeardRecord):
             # the text so far only when a bridge hears AgentSpeechSent (a report a chunk, each
             # joining the turn's text, cost every answer the square of its length)
@@ -267,14 +272,15 @@ class SessionRuntime(SessionProcessor):
             if self._on_delivery_report(event):
                 await self.checkpoint()  # an interrupted answer was corrected: keep it that way
             if spoken is not None:  # in order with what the caller says next
-                await self._speech_sent(message, before, self.ledger.delivered_text(spoken.turn))
+                after = self.ledger.delivered_text(spoken.turn)
+                await self._speech_sent(message_of(envelope, event), before, after)
             return
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
         with tracing.span(
             f"dispatch {envelope.type}", envelope.trace, kind=SpanKind.CONSUMER, session=self.session_id
         ):
-            await self._dispatch(message)
+            await self._dispatch(message_of(envelope, event))
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
 

@@ -38,8 +38,9 @@ _EXT_EVENT = 1
 _EXT_CONTEXT = 2
 _EXT_BY_EXAMPLE = 3  # (kind, data): rebuilt from the fresh node's attribute of the same name
 _EXT_CONTEXT_SLICE = 4  # a context whose events are a stretch of a journaled list (journal.py)
-SNAPSHOT_VERSION = 2  # 2: long lists in the log beside the record (runtime/journal.py)
-READABLE_VERSIONS = (1, 2)
+_EXT_PACKED = 5  # a value packed already (to learn that it can be): the record holds its bytes
+SNAPSHOT_VERSION = 3  # 2: long lists in the log beside the record (runtime/journal.py); 3: packed once
+READABLE_VERSIONS = (1, 2, 3)
 LONG_LIST = 8  # lists this long or longer are the journal's (journal.MIN_ITEMS)
 
 
@@ -70,6 +71,13 @@ class ContextSlice:
 def context_slice(path: str, start: int, end: int, context: ConversationContext) -> msgpack.ExtType:
     data = _pack([path, start, end, context.system_prompt, context.metadata])
     return msgpack.ExtType(_EXT_CONTEXT_SLICE, data)
+
+
+def packed(value: Any) -> msgpack.ExtType:
+    """``value`` for the record, packed now: ``TypeError``, ``ValueError`` or ``OverflowError`` if
+    it cannot be. Whether a value can be packed is only known by packing it, so the bytes are kept
+    rather than packed a second time with the record."""
+    return msgpack.ExtType(_EXT_PACKED, _pack(value))
 
 
 # Events packed by recent checkpoints, by identity: a session checkpoints several times a turn, and
@@ -163,6 +171,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_CONTEXT_SLICE:
         path, start, end, system_prompt, metadata = _unpack(data)
         return ContextSlice(str(path), int(start), int(end), str(system_prompt), dict(metadata))
+    if code == _EXT_PACKED:
+        return _unpack(data)
     raise SnapshotError(f"unknown extension type {code} in checkpoint")
 
 
@@ -206,15 +216,13 @@ def capture(obj: object, depth: int = 0, *, long_lists: bool = True) -> dict[str
             state[name] = value  # the journal's to write (or to check and leave in the record)
             continue
         try:
-            _pack(value)
+            state[name] = packed(value)
         except (TypeError, ValueError, OverflowError):
             example = _by_example(value, depth)
             if example is None:
                 skipped(type(obj).__name__, name, type(value).__name__)
                 continue
             state[name] = _pack_by_example(example)
-            continue
-        state[name] = value
     return state
 
 

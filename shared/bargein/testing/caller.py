@@ -173,15 +173,22 @@ class Caller:
                 self._arrived.clear()
                 await self._arrived.wait()
 
-    async def next_envelope(self, timeout: float = 5.0) -> tuple[Envelope, Event]:
+    async def next_envelope(self, timeout: float | None = 5.0) -> tuple[Envelope, Event]:
+        """The next envelope and event a client would receive; ``timeout=None`` waits for ever."""
         if not self._buffer:  # (no timer when something is waiting: that is every chunk of a stream)
-            async with asyncio.timeout(timeout):
-                while not self._buffer:
-                    self._arrived.clear()
-                    await self._arrived.wait()
+            if timeout is None:
+                await self._arrival()
+            else:
+                async with asyncio.timeout(timeout):
+                    await self._arrival()
         envelope, event = self._buffer.popleft()
         await self._hand_out(envelope, event)
         return envelope, event
+
+    async def _arrival(self) -> None:
+        while not self._buffer:
+            self._arrived.clear()
+            await self._arrived.wait()
 
     async def _hand_out(self, envelope: Envelope, event: Event) -> None:
         """The caller has this event now: a chunk is reported heard, the agent's hang-up ends the
@@ -317,7 +324,7 @@ class Caller:
         self._late_reports.add(task)
         task.add_done_callback(self._late_reports.discard)
 
-    async def next(self, timeout: float = 5.0) -> Event:
+    async def next(self, timeout: float | None = 5.0) -> Event:
         """The next event the agent broadcast that a client would receive."""
         return (await self.next_envelope(timeout))[1]
 

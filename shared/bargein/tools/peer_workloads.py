@@ -186,7 +186,7 @@ class BargeinSession(Session):
 
     async def _read(self) -> None:
         while True:
-            event = await self.caller.next(timeout=3600)
+            event = await self.caller.next(timeout=None)
             if isinstance(event, AgentResponse) and event.content.strip():
                 self.recorder.chunk(event.content)
 

@@ -7,6 +7,13 @@ msgpack (which builds only plain data; nothing is ever unpickled or imported), v
 and resolves the event type through the registry. Every failure is a typed
 :class:`~bargein.errors.EnvelopeError` whose ``reason`` the services count and attach to the
 dead-lettered message.
+
+The envelope is a ``msgspec`` struct because every chunk of every answer is wrapped, encoded,
+decoded and checked once on its way: msgspec does the packing and the checking of the envelope's
+fields in C, in about a tenth of what the same work cost as a pydantic model and msgpack (21 µs
+a message here, more than the rest of a chunk's way through the transport). A message that fails
+the fast decoding is decoded again the careful way, step by step, so that its error names what is
+wrong with it (:func:`_decode_carefully`); well-formed messages never take that path.
 """
 
 from __future__ import annotations
@@ -16,10 +23,11 @@ import os
 import re
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, Final, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import msgspec
+from pydantic import ValidationError
 
 from bargein.agent.events import Event, event_type, is_control, lane_of, payload_of
 from bargein.agent.message import Message, Source
@@ -31,7 +39,7 @@ from bargein.errors import (
 )
 from bargein.tracing import current_carrier
 
-WIRE_VERSION = 1
+WIRE_VERSION: Final = 1
 DEFAULT_MAX_BYTES = 256 * 1024
 
 # Session ids become part of routing keys and Redis keys: no dots, no braces, bounded length.
@@ -58,29 +66,36 @@ def new_message_id() -> str:
     return os.urandom(16).hex()
 
 
-class Envelope(BaseModel):
-    """One event on the bus. ``payload`` holds the event's fields as plain data."""
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    v: int = WIRE_VERSION
-    type: str = Field(min_length=1, max_length=128)
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One event on the bus. ``payload`` holds the event's fields as plain data.
+
+    The field constraints are checked when bytes are decoded (:func:`decode`), not when an envelope
+    is built: the process building one is the one that chose its values (:meth:`wrap`)."""
+
+    v: Literal[1]  # WIRE_VERSION; required, so that a message without it is refused
+    type: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     session: str
-    turn: int = Field(default=0, ge=0)
-    seq: int = Field(default=0, ge=0)
-    epoch: int = Field(default=0, ge=0)
-    ts: float = Field(default_factory=time.time)
-    id: str = Field(default_factory=new_message_id, max_length=64)
-    source: str = Field(default="", max_length=128)
-    trace: dict[str, str] = Field(default_factory=dict)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    turn: NonNegative = 0
+    seq: NonNegative = 0
+    epoch: NonNegative = 0
+    ts: float = msgspec.field(default_factory=time.time)
+    id: Annotated[str, msgspec.Meta(max_length=64)] = msgspec.field(default_factory=new_message_id)
+    source: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    trace: dict[str, str] = msgspec.field(default_factory=dict)
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @classmethod
     def wrap(cls, session: str, event: Event, **fields: Any) -> Envelope:
         """An envelope for ``event``; unless told otherwise it carries the current trace context."""
         validate_session_id(session)
-        fields.setdefault("trace", current_carrier())
-        return cls(type=type(event).__name__, session=session, payload=payload_of(event), **fields)
+        if "trace" not in fields:
+            fields["trace"] = current_carrier()
+        return cls(
+            v=WIRE_VERSION, type=type(event).__name__, session=session, payload=payload_of(event), **fields
+        )
 
     @property
     def control(self) -> bool:
@@ -98,10 +113,23 @@ class Envelope(BaseModel):
         except ValidationError as exc:
             raise InvalidEnvelope(f"{self.type} payload does not validate: {exc.errors()[:3]}") from None
 
+    def as_dict(self) -> dict[str, Any]:
+        """Every field, as the wire carries it (a map of plain data)."""
+        return msgspec.structs.asdict(self)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _refuse_extension(code: int, data: memoryview) -> Any:
+    raise InvalidEnvelope(f"message carries msgpack extension type {code}, which is not plain data")
+
+
+_DECODER = msgspec.msgpack.Decoder(Envelope, ext_hook=_refuse_extension)
+
 
 def encode(envelope: Envelope) -> bytes:
-    data: bytes = msgpack.packb(envelope.model_dump(), use_bin_type=True)
-    return data
+    return _ENCODER.encode(envelope)
 
 
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # msgpack builds exactly these
@@ -128,6 +156,18 @@ def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope,
     """Bytes from the bus → (envelope, event). Raises a typed EnvelopeError and nothing else."""
     if len(raw) > max_bytes:
         raise MessageTooLarge(f"message of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
+    try:  # the fast way: msgspec checks the envelope's fields; then what it cannot check
+        envelope = _DECODER.decode(raw)
+        if not _valid_session_id(envelope.session):
+            raise InvalidSessionId(envelope.session)
+        _require_plain(envelope.payload)
+        return envelope, event_type(envelope.type).model_validate(envelope.payload)
+    except Exception:  # whatever went wrong, the careful way names it
+        return _decode_carefully(raw)
+
+
+def _decode_carefully(raw: bytes) -> tuple[Envelope, Event]:
+    """Decode step by step, raising the error that names the first thing wrong with ``raw``."""
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for malformed input
@@ -135,16 +175,17 @@ def decode(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Envelope,
     if type(data) is not dict:
         raise InvalidEnvelope(f"envelope must be a map, got {type(data).__name__}")
     _require_plain(data)
-    if data.get("v") != WIRE_VERSION:
-        raise InvalidEnvelope(f"unsupported envelope version {data.get('v')!r}")
+    version = data.get("v")
+    if type(version) is not int or version != WIRE_VERSION:
+        raise InvalidEnvelope(f"unsupported envelope version {version!r}")
     session = data.get("session")
     validate_session_id(session)  # type: ignore[arg-type]  # validated at runtime
     if isinstance(data.get("type"), str):
         event_type(data["type"])  # unknown types fail as UnknownEventType, before shape errors
     try:
-        envelope = Envelope.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidEnvelope(f"malformed envelope: {exc.errors()[:3]}") from None
+        envelope = msgspec.convert(data, Envelope)
+    except msgspec.ValidationError as exc:
+        raise InvalidEnvelope(f"malformed envelope: {exc}") from None
     return envelope, envelope.event()
 
 
@@ -170,6 +211,7 @@ def encode_message(message: Message) -> bytes:
     """A message as bytes, for checkpoints (a trigger an adopter must run again)."""
     return encode(
         Envelope(
+            v=WIRE_VERSION,
             type=type(message.event).__name__,
             session=message.session,
             turn=message.turn,
