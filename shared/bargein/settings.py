@@ -295,7 +295,12 @@ class BroadcastSettings(_Base):
     )
     token_ttl_s: int = Field(default=3600, ge=10, description="How long a session token is valid.")
     send_buffer: int = Field(default=256, ge=8, description="Frames queued per connection before it is cut.")
-    report_interval_ms: float = Field(default=50, ge=0, description="How often delivery is reported back.")
+    report_interval_ms: float = Field(
+        default=200,
+        ge=0,
+        description="How often delivery is reported back while the agent streams (a cut turn, and what "
+        "was heard before a caller's message, are reported at once).",
+    )
     max_body_bytes: int = Field(
         default=DEFAULT_MAX_BODY_BYTES, ge=1024, le=16 * 1024 * 1024, description="Largest HTTP request body."
     )

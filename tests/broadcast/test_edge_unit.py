@@ -18,6 +18,7 @@ from bargein.agent.events import (
     EndCall,
     InterruptPolicy,
     LogMetric,
+    SpeechDelivered,
     ToolCall,
     ToolResult,
     TransferCall,
@@ -28,7 +29,7 @@ from bargein.agent.events import (
 )
 from bargein.agent.message import Source
 from bargein.edge.core import CLOSE_SLOW, Connection, Edge, JsonWire, Outbox
-from bargein.edge.protocol import AgentChunk, Clear, SpeakingStarted, TurnComplete, frame_json
+from bargein.edge.protocol import AgentChunk, Clear, Interrupt, SpeakingStarted, TurnComplete, frame_json
 from bargein.settings import BroadcastSettings
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope
@@ -323,4 +324,36 @@ async def test_a_session_its_agent_rejects_before_the_caller_joins_tells_the_cal
         await wait_for(lambda: sock.closed_with is not None)
         assert sock.sent == [{"type": "ended", "reason": "rejected"}] and sock.closed_with == 1000
     finally:
+        await edge.stop()
+
+
+async def test_what_was_heard_is_reported_before_the_stop_button_and_the_cut_at_once() -> None:
+    """Between the edge's periodic reports (BARGEIN_REPORT_INTERVAL_MS), what a caller received
+    still reaches the owner before whatever the caller does next, and a turn cut off is reported
+    (``final``) at once: the owner cuts its history where the caller stopped, not one interval
+    later."""
+    settings = BroadcastSettings(send_buffer=8, report_interval_ms=60_000)  # no periodic report here
+    edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
+    await edge.start()
+    owner: list[Any] = []
+
+    async def record(envelope: Envelope, event: Any) -> None:
+        owner.append(event)
+
+    mailbox = await edge.transport.open_mailbox("s9", TIER_REASONING, IN, record)
+    try:
+        sock = FakeSocket()
+        connection = await edge.join("s9", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        for seq in range(3):
+            await push(edge, "s9", AgentResponse(content=f"w{seq} "), turn=2, seq=seq, epoch=1)
+        await wait_for(lambda: len(sock.sent) == 3)  # written: a text caller has them
+        assert not owner  # nothing periodic yet
+        assert await edge.client_message(connection, Interrupt(type="interrupt")) is None
+        await wait_for(lambda: len(owner) == 3)
+        heard, barge_in, cut = owner
+        assert (type(heard), heard.turn, heard.seq, heard.final) == (SpeechDelivered, 2, 2, False)
+        assert isinstance(barge_in, UserStartedSpeaking)
+        assert (type(cut), cut.turn, cut.final) == (SpeechDelivered, 2, True)
+    finally:
+        await mailbox.cancel()
         await edge.stop()

@@ -339,3 +339,39 @@ async def test_an_edge_queues_control_passes_while_its_data_is_stuck(bus: Bus, s
     await until(lambda: len(seen) == QUEUE_MAX // 2 + 1)
     assert contents(seen)[1:] == [str(i) for i in range(QUEUE_MAX // 2)]  # and then comes in order
     await queue.cancel()
+
+
+async def test_the_output_of_many_sessions_reaches_each_edge_serving_them_once_and_in_order(
+    bus: Bus, session: Session
+) -> None:
+    """The owner of many sessions streams them all at once, as a busy worker does, to callers on
+    two edge processes. Each edge gets every chunk of its own sessions, once, in order, and nothing
+    of the others'. (RabbitMQ carries them in bundles once the owner has heard from each caller's
+    edge, which is why each edge reports to the owner first.)"""
+    chunks = 20
+    worker, edges = await bus.transport(), [await bus.transport(), await bus.transport()]
+    served = [[session(f"edge{e}-{i}") for i in range(4)] for e in range(2)]
+    seen: list[Seen] = [[], []]
+    queues = [await edges[e].open_edge_queue(session(f"edge{e}"), recorder(seen[e])) for e in range(2)]
+    heard: Seen = []
+    for e, sessions in enumerate(served):
+        for s in sessions:
+            await queues[e].add_session(s)
+            await worker.open_mailbox(s, TIER_REASONING, IN, recorder(heard))
+            await edges[e].publish(Envelope.wrap(s, SpeechDelivered(turn=0, seq=0)), IN)
+    await until(lambda: len(heard) == 8)
+
+    async def stream(s: str) -> None:
+        for seq in range(chunks):
+            await worker.publish(Envelope.wrap(s, AgentResponse(content=f"{s}/{seq}"), turn=1, seq=seq), OUT)
+
+    await asyncio.gather(*(stream(s) for sessions in served for s in sessions))
+    await until(lambda: all(len(seen[e]) == 4 * chunks for e in range(2)))
+    await asyncio.sleep(0.3)  # and nothing more comes
+    for e, sessions in enumerate(served):
+        assert len(seen[e]) == 4 * chunks
+        for s in sessions:
+            assert [env.seq for env, _ in seen[e] if env.session == s] == list(range(chunks))
+            assert all(event == AgentResponse(content=f"{env.session}/{env.seq}") for env, event in seen[e])
+    for queue in queues:
+        await queue.cancel()

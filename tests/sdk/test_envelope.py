@@ -40,7 +40,9 @@ from bargein.wire.envelope import (
     WIRE_VERSION,
     Envelope,
     decode,
+    decode_bundle,
     encode,
+    encode_bundle,
     validate_session_id,
 )
 
@@ -375,6 +377,43 @@ def test_msgpack_ext_types_are_rejected(where: str, ext: Any) -> None:
     with pytest.raises(EnvelopeError) as info:
         decode(pack(data))
     assert info.value.reason in ("undecodable", "bad_envelope")
+
+
+# --------------------------------------------------------------------------------------------------
+# bundles: several sessions' envelopes in one message
+
+
+def test_a_bundle_round_trips_its_entries_in_order() -> None:
+    entries = [(f"s{i}", encode(Envelope.wrap(f"s{i}", AgentResponse(content=str(i))))) for i in range(5)]
+    assert decode_bundle(encode_bundle(entries)) == entries
+    assert [decode(body)[1] for _, body in decode_bundle(encode_bundle(entries))] == [
+        AgentResponse(content=str(i)) for i in range(5)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"\xc1", UndecodableMessage),
+        (b"", UndecodableMessage),
+        (pack([["s", b"x"]])[:-1], UndecodableMessage),
+        (pack({"not": "a list"}), InvalidEnvelope),
+        (pack([["s", "not bytes"]]), InvalidEnvelope),
+        (pack([[1, b"x"]]), InvalidEnvelope),
+        (pack([["s", b"x", "extra"]]), InvalidEnvelope),
+        (pack([["s", msgpack.ExtType(5, b"x")]]), InvalidEnvelope),
+    ],
+    ids=["garbage", "empty", "truncated", "map", "str-body", "int-session", "three-items", "ext"],
+)
+def test_a_bad_bundle_is_a_typed_envelope_error(raw: bytes, expected: type[EnvelopeError]) -> None:
+    with pytest.raises(EnvelopeError) as info:
+        decode_bundle(raw)
+    assert type(info.value) is expected, info.value
+
+
+def test_an_oversized_bundle_is_too_large_before_it_is_read() -> None:
+    with pytest.raises(MessageTooLarge):
+        decode_bundle(b"\xc1" * 5000, max_bytes=4096)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ class CountingStore(MemoryStateStore):
 def test_a_growing_list_is_written_by_its_new_items_and_a_cut_from_where_it_changed() -> None:
     events: list[Any] = [AgentResponse(content=f"c{i}") for i in range(10)]
     book = journal.Journal()
-    nodes = {"n": {"history": events, "small": [1, 2]}}
+    nodes = {"n": {"history": events, "none_yet": []}}
     lengths, change, lists = book.take(nodes, snapshot.pack_item)
-    assert nodes == {"n": {"small": [1, 2]}}  # the long list left the record; the short one stays
+    assert nodes == {"n": {"none_yet": []}}  # the list left the record; the empty one stays
     assert lengths == {"n.history": 10} and [len(c.items) for c in change.lists] == [10]
     book.written(lists)
     events.append(AgentResponse(content="c10"))

@@ -97,6 +97,15 @@ async def test_one_generation_at_a_time_and_turns_in_order() -> None:
         assert [env.turn for env, _ in s.received if isinstance(_, AgentGenerationComplete)] == [1, 2, 3]
 
 
+async def test_a_caller_that_keeps_nothing_still_hands_everything_out() -> None:
+    """A long-running caller (a benchmark's) keeps none of what it received: memory, and work for
+    the garbage collector, that would grow with the call."""
+    async with LocalSession(counting_agent, keep_received=False) as s:
+        await s.emit(UserStoppedSpeaking())
+        assert reply_text(await s.collect_turn()) == "t0.0 t0.1 t0.2 t0.3 t0.4 "
+        assert s.received == []
+
+
 async def test_checkpoint_restores_nodes_and_turn_numbers_in_a_new_owner() -> None:
     async with LocalSession(counting_agent) as s:
         await s.emit(UserStoppedSpeaking())

@@ -374,6 +374,7 @@ class EdgeSession:
             self.voice_outputs(self.voice.clear(turn, time.monotonic()))
             self.paused_since = None
         self.heard.cut(turn)
+        self.edge.report_soon(self)  # how far the caller heard it: the owner cuts its history there
         self.tell_speech(self.playback.cleared(turn))
         log.info(
             "session %s: turn %d cleared (%s); %d queued frames dropped", self.session_id, turn, why, dropped
@@ -828,6 +829,8 @@ class Edge:
         sid = session.session_id
         if not isinstance(message, Played) and not await connection.limits.message():
             return self._rate_limited(connection, "too many messages")
+        if not isinstance(message, Played):
+            await self._report(session)  # what the caller got before what the caller does now
         if isinstance(message, TextTurn):
             await self._publish(sid, UserStartedSpeaking())
             await self._publish(sid, UserTranscriptionReceived(content=message.text))
@@ -858,9 +861,20 @@ class Edge:
         while True:
             await asyncio.sleep(interval)
             for session in list(self.sessions.values()):
-                for report in session.heard.take_reports():
-                    with contextlib.suppress(Exception):
-                        await self._publish(session.session_id, report)
+                await self._report(session)
+
+    async def _report(self, session: EdgeSession) -> None:
+        """What the session's callers received since the last report, one report a turn."""
+        for report in session.heard.take_reports():
+            with contextlib.suppress(Exception):
+                await self._publish(session.session_id, report)
+
+    def report_soon(self, session: EdgeSession) -> None:
+        """Report now rather than at the next interval (a turn was cut off: its history is cut
+        where the caller stopped hearing it)."""
+        task = asyncio.get_running_loop().create_task(self._report(session))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _voice_loop(self) -> None:
         """Every frame, for every session that is heard: the audio due, the marks, what was heard;

@@ -34,7 +34,7 @@ Pack = Callable[[Any], bytes]
 Unpack = Callable[[bytes], Any]
 Lists = dict[str, list[Any]]  # "node_id.attribute" → the list
 
-MIN_ITEMS: Final = snapshot.LONG_LIST  # shorter lists stay in the record: not worth a log entry each
+MIN_ITEMS: Final = snapshot.LONG_LIST  # an empty list stays in the record: it has no items to log
 
 
 @dataclass

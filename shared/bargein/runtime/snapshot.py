@@ -19,6 +19,7 @@ import contextlib
 import enum
 import functools
 import logging
+import operator
 import os
 import sys
 import sysconfig
@@ -41,7 +42,7 @@ _EXT_CONTEXT_SLICE = 4  # a context whose events are a stretch of a journaled li
 _EXT_PACKED = 5  # a value packed already (to learn that it can be): the record holds its bytes
 SNAPSHOT_VERSION = 3  # 2: long lists in the log beside the record (runtime/journal.py); 3: packed once
 READABLE_VERSIONS = (1, 2, 3)
-LONG_LIST = 8  # lists this long or longer are the journal's (journal.MIN_ITEMS)
+LONG_LIST = 1  # lists this long or longer are the journal's (journal.MIN_ITEMS): every one with items
 
 
 class SnapshotError(BargeinError):
@@ -97,7 +98,7 @@ def _event_ext(obj: BaseModel) -> msgpack.ExtType:
         known is not None
         and known[0] is obj
         and len(known[1]) == len(values)
-        and all(then is now for then, now in zip(known[1], values, strict=True))
+        and all(map(operator.is_, known[1], values))  # (the very values, compared in C)
     ):
         return known[2]
     ext = msgpack.ExtType(_EXT_EVENT, _pack([type(obj).__name__, payload_of(obj)]))
@@ -207,8 +208,12 @@ def capture(obj: object, depth: int = 0, *, long_lists: bool = True) -> dict[str
     for name, value in vars(obj).items():
         if name.startswith("_"):
             continue
-        if type(value) in _SCALARS or (type(value) is int and -(2**63) <= value < 2**64):
-            state[name] = value  # packs, always (a string may not: a lone surrogate)
+        if (
+            type(value) in _SCALARS
+            or (type(value) is int and -(2**63) <= value < 2**64)
+            or (type(value) is str and value.isascii())
+        ):
+            state[name] = value  # packs, always (another string may not: a lone surrogate)
             continue
         if not long_lists and (
             (type(value) is list and len(value) >= LONG_LIST) or type(value) is ConversationContext

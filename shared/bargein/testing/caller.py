@@ -50,7 +50,7 @@ from bargein.wire.playback import Playback
 
 E = TypeVar("E", bound=Event)
 
-REPORT_INTERVAL_S = 0.05  # as the broadcast service's default (BARGEIN_BROADCAST_REPORT_INTERVAL_MS)
+REPORT_INTERVAL_S = 0.2  # as the broadcast service's default (BARGEIN_REPORT_INTERVAL_MS)
 
 
 class Loudspeaker(Protocol):
@@ -77,6 +77,7 @@ class Caller:
         voice: Voice | None = None,
         loudspeaker: Loudspeaker | None = None,
         report_interval_s: float = REPORT_INTERVAL_S,
+        keep_received: bool = True,
     ) -> None:
         self.transport = transport
         self.voice = voice  # the caller hears the agent: chunks are spoken, heard is what played
@@ -95,7 +96,10 @@ class Caller:
         self.interrupted_turns: list[int] = []
         self.policy: set[str] = set()  # what the owner says always interrupts (InterruptPolicy)
         self.ended = False
-        self.received: list[tuple[Envelope, Event]] = []  # everything handed out by next()
+        # everything handed out by next(), for a test to look back on (a long-running caller, a
+        # benchmark's, keeps none: each chunk kept is memory and work for the garbage collector)
+        self.received: list[tuple[Envelope, Event]] = []
+        self.keep_received = keep_received
         self._buffer: collections.deque[tuple[Envelope, Event]] = collections.deque()
         self._arrived = asyncio.Event()
         self._seq = itertools.count()
@@ -193,7 +197,8 @@ class Caller:
     async def _hand_out(self, envelope: Envelope, event: Event) -> None:
         """The caller has this event now: a chunk is reported heard, the agent's hang-up ends the
         session (as the broadcast edge does)."""
-        self.received.append((envelope, event))
+        if self.keep_received:
+            self.received.append((envelope, event))
         if isinstance(event, AgentResponse) and self.voice is not None:
             self.heard.sent(envelope.turn, envelope.seq, event.content)
             self.voice.text(envelope.turn, envelope.seq, event.content)

@@ -41,6 +41,7 @@ class LocalSession(Caller):
         report_playback: bool = False,
         voice: Voice | None = None,
         loudspeaker: Loudspeaker | None = None,
+        keep_received: bool = True,
     ) -> None:
         self.broker = MemoryBroker()
         super().__init__(
@@ -51,6 +52,7 @@ class LocalSession(Caller):
             settle=self._settle,
             voice=voice,
             loudspeaker=loudspeaker,
+            keep_received=keep_received,
         )
         self.agent = agent
         self.options = dict(options or {})

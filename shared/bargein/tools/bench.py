@@ -42,13 +42,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 import aio_pika
-import msgpack
 import redis.asyncio as aioredis
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.exceptions import AMQPError
 from redis.exceptions import RedisError
 
-from bargein.agent.events import EndCall, UserStartedSpeaking, UserStoppedSpeaking
+from bargein.agent.events import AgentResponse, EndCall, Event, UserStartedSpeaking, UserStoppedSpeaking
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.settings import BrokerSettings, load
 from bargein.testing.caller import Caller
@@ -63,14 +62,13 @@ from bargein.tools.benchkit import (
     summarize,
     verdict,
 )
+from bargein.transport.abc import EdgeQueue
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
+from bargein.wire.envelope import Envelope
 from bargein.wire.names import (
-    OUT,
-    TIER_EDGE,
     TIER_REASONING,
-    mailbox_queue,
     session_directory_key,
     session_work_queue,
 )
@@ -136,9 +134,10 @@ class _Session:
 
 
 class _Edge:
-    """The sessions' client edge, as cheap as it can be: each edge mailbox is consumed without
-    acknowledgements by a handler that reads only the envelope's type and turn (msgpack, no
-    validation) and counts chunks, so the queues never grow and the bench's own CPU stays small.
+    """The sessions' client edge, as cheap as it can be: one queue for all of them, as a broadcast
+    process has (:meth:`~bargein.transport.abc.Transport.open_edge_queue`), whose handler only
+    counts chunks, so the bench's own CPU stays small. Being the edge of the transport the callers
+    publish on, it is where the worker sends these sessions' output, bundled as to any edge.
 
     A session is *ready* to be sampled while it streams a turn no interrupt was aimed at yet.
     """
@@ -148,28 +147,19 @@ class _Edge:
         self.ready: set[str] = set()
         self.chunks = 0
         self.streaming = 0  # sessions that have received at least one chunk
-        self.undecodable = 0
 
-    def handler(self, session: _Session) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            try:
-                data = msgpack.unpackb(message.body, raw=False)
-                kind, turn = data["type"], int(data["turn"])
-            except Exception:
-                self.undecodable += 1
-                return
-            if kind != "AgentResponse":
-                return
-            self.chunks += 1
-            if session.chunks == 0:
-                self.streaming += 1
-            session.chunks += 1
-            if turn > session.turn:
-                session.turn = turn
-            if session.turn > session.sampled_turn:
-                self.ready.add(session.sid)
-
-        return on_message
+    async def on_event(self, envelope: Envelope, event: Event) -> None:
+        session = self.sessions.get(envelope.session)
+        if session is None or not isinstance(event, AgentResponse):
+            return
+        self.chunks += 1
+        if session.chunks == 0:
+            self.streaming += 1
+        session.chunks += 1
+        if envelope.turn > session.turn:
+            session.turn = envelope.turn
+        if session.turn > session.sampled_turn:
+            self.ready.add(session.sid)
 
     def take_ready(self) -> _Session | None:
         if not self.ready:
@@ -215,7 +205,7 @@ class _InterruptBench:
         self.transport: AmqpTransport | None = None
         self.store: RedisStateStore | None = None
         self.redis: aioredis.Redis | None = None
-        self.edge_connection: AbstractRobustConnection | None = None
+        self.edge_queue: EdgeQueue | None = None
         self.raw_connection: AbstractRobustConnection | None = None
         self.raw_channel: AbstractChannel | None = None
         self.workers: list[Child] = []
@@ -297,15 +287,12 @@ class _InterruptBench:
         except (AMQPError, OSError) as exc:
             raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
         self.raw_channel = await self.raw_connection.channel()  # with publisher confirms, as interrupts
-        self.edge_connection = await aio_pika.connect_robust(
-            self.rabbitmq_url, client_properties={"connection_name": f"bargein-bench-edge-{self.run_id}"}
-        )
         self.transport = await AmqpTransport.connect(self.rabbitmq_url, name=f"bargein-bench-{self.run_id}")
+        self.edge_queue = await self.transport.open_edge_queue(f"bench-{self.run_id}", self.edge.on_event)
 
     async def create_sessions(self) -> None:
-        assert self.transport is not None and self.store is not None and self.edge_connection is not None
+        assert self.transport is not None and self.store is not None and self.edge_queue is not None
         self.say(f"creating {self.n_sessions} sessions")
-        edge_channel = await self.edge_connection.channel(publisher_confirms=False)
         options = {
             OPT_RUN: self.run_id,
             OPT_CHUNK_PERIOD_S: self.chunk_period_s,
@@ -315,12 +302,10 @@ class _InterruptBench:
             sid = f"bench-{self.run_id}-{i:05d}"
             info = SessionInfo(sid, dict(options), edge_reports_delivery=False)
             self.created.append(sid)
-            await self.transport.declare_mailbox(sid, TIER_EDGE, OUT)  # listen before the session starts
-            await create_session(self.transport, self.store, info)
             session = _Session(sid, Caller(self.transport, sid, report_delivery=False))
             self.edge.sessions[sid] = session
-            queue = await edge_channel.declare_queue(mailbox_queue(TIER_EDGE, sid), passive=True)
-            await queue.consume(self.edge.handler(session), no_ack=True)
+            await self.edge_queue.add_session(sid)  # listen before the session starts
+            await create_session(self.transport, self.store, info)
             await session.caller.emit(UserStoppedSpeaking())  # the first turn: streams until interrupted
             if (i + 1) % 50 == 0 or i + 1 == self.n_sessions:
                 self.say(f"  {i + 1}/{self.n_sessions} sessions created")
@@ -456,10 +441,14 @@ class _InterruptBench:
         lost = (self.sent_interrupts - cancel["count"], self.sent_raw - hop["count"])
         if any(lost):
             lines.append(f"missing samples: {lost[0]} interrupt, {lost[1]} raw")
-        if self.edge.undecodable:
-            lines.append(f"undecodable messages at the edge: {self.edge.undecodable}")
+        refused = sum(n for name, n in self.transport_counters().items() if name.startswith("dead:"))
+        if refused:
+            lines.append(f"messages the edge refused (dead-lettered): {refused}")
         self.say("\n".join(lines))
         return result
+
+    def transport_counters(self) -> dict[str, int]:
+        return dict(self.transport.counters) if self.transport is not None else {}
 
     # --- clean-up --------------------------------------------------------------------------------
 
@@ -492,15 +481,13 @@ class _InterruptBench:
             self.say(f"  forgetting {len(left)} session(s) their owner did not end")
         for sid in left:
             await forget_session(self.transport, self.store, sid, tier=TIER_REASONING)
-        for sid in self.created:
-            await self.transport.delete_mailbox(sid, TIER_EDGE)
 
     async def clean_up(self) -> None:
         """Every step runs even if an earlier one failed; the child processes are always stopped."""
         self.say("cleaning up")
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if self.edge_connection is not None:
-            steps.append(("closing the edge consumers", self.edge_connection.close))
+        if self.edge_queue is not None:
+            steps.append(("closing the edge queue", self.edge_queue.cancel))
         if self.created and self.transport is not None:
             steps.append(("ending the sessions", self._end_sessions))
         steps.append(("stopping the processes", self.processes.stop))

@@ -176,7 +176,7 @@ class BargeinSession(Session):
             bridge: Bridge = agent_bridge(bargein, chunk_s, self.recorder)
             return bridge
 
-        self.local = LocalSession(agent)
+        self.local = LocalSession(agent, keep_received=False)  # a sink, as the peers' are
         self.caller: Caller = self.local
         self._reader: asyncio.Task[None] | None = None
 
@@ -211,7 +211,7 @@ class DistributedBargeinSession(BargeinSession):
         self.recorder = Recorder()
         self.cluster = cluster
         self.session_id = f"peers{uuid.uuid4().hex[:12]}"
-        self.caller = Caller(cluster.edge, self.session_id)
+        self.caller = Caller(cluster.edge, self.session_id, keep_received=False)
         cluster.recorders[self.session_id] = self.recorder
         self._reader = None
 

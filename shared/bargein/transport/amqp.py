@@ -16,6 +16,16 @@ interrupt that no queue would receive is an error rather than a silent success; 
 consumed on a channel with a per-consumer prefetch of one, so a control message waiting in the
 broker is never stuck behind a client-side buffer of data: priority can only reorder what is still
 in the broker.
+
+Output travels in bundles. A worker's sessions stream to the callers of a few edge processes, and
+each AMQP message costs the publisher (framing, a confirm), the broker and the consumer about the
+same whatever it carries; one message a chunk made those costs the limit of a worker. So the data a
+session publishes ``out`` goes to an :class:`_Outlet` per edge process: what is ready while a
+bundle is on its way to the broker goes, all of it, in the next one, routed by every one of its
+routing keys (RabbitMQ's sender-selected distribution, the ``CC`` header), so it reaches every
+queue that any of its sessions is bound to, once. Which edge a session's caller is on the worker
+learns from the ``reply_to`` of what that edge publishes ``in``; a session it knows no edge for
+(yet) is published message by message, as is control, and everything while a reconnect settles.
 """
 
 from __future__ import annotations
@@ -51,7 +61,16 @@ from bargein.errors import (
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
-from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
+from bargein.wire.envelope import (
+    DEFAULT_MAX_BYTES,
+    BundleEntry,
+    Envelope,
+    decode,
+    decode_bundle,
+    encode,
+    encode_bundle,
+    new_message_id,
+)
 from bargein.wire.names import (
     AUDIO_EXCHANGE,
     CONTROL,
@@ -63,6 +82,7 @@ from bargein.wire.names import (
     IN,
     PRIORITY_CONTROL,
     PRIORITY_DATA,
+    TIER_EDGE,
     TIER_SPEECH,
     Direction,
     Kind,
@@ -80,6 +100,11 @@ from bargein.wire.names import (
 log = logging.getLogger("bargein.transport.amqp")
 
 CONTENT_TYPE = "application/msgpack"
+BUNDLE_CONTENT_TYPE = "application/vnd.bargein.bundle+msgpack"  # envelope.encode_bundle
+BUNDLE_MAX_ENTRIES = 512
+BUNDLE_MAX_SHARE = 4  # a bundle holds at most this fraction of what a consumer accepts (its bytes)
+OUTLET_IN_FLIGHT = 4  # bundles to one edge awaiting their confirms at once; more waits for the next
+ROUTES_KEPT = 65_536  # which edge each session's caller is on: forgotten wholesale beyond this
 RECONNECT_INTERVAL_S = 1.0
 QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
 # what a publish raises when the broker went away under it
@@ -132,19 +157,24 @@ class _AmqpEdgeQueue(EdgeQueue):
     by a task of its own: data in bulk (prefetch many), control on a channel of its own, so an
     interrupt never waits behind the chunks already on their way."""
 
-    def __init__(self, queues: dict[Kind, AbstractRobustQueue], tasks: list[asyncio.Task[None]]) -> None:
+    def __init__(
+        self, queues: dict[Kind, AbstractRobustQueue], tasks: list[asyncio.Task[None]], sessions: set[str]
+    ) -> None:
         self._queues = queues
         self._tasks = tasks
+        self._sessions = sessions  # what it is bound to: a bundle's entries of other sessions are not ours
 
     @property
     def alive(self) -> bool:
         return all(not task.done() for task in self._tasks)
 
     async def add_session(self, session: str) -> None:
+        self._sessions.add(session)
         for kind, key in edge_bindings(session):
             await self._queues[kind].bind(EVENTS_EXCHANGE, key)
 
     async def remove_session(self, session: str) -> None:
+        self._sessions.discard(session)
         for kind, key in edge_bindings(session):
             with contextlib.suppress(Exception):  # already gone with the connection
                 await self._queues[kind].unbind(EVENTS_EXCHANGE, key)
@@ -162,6 +192,82 @@ class _AmqpEdgeQueue(EdgeQueue):
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class _Outlet:
+    """The output on its way to one edge process (see the module docstring): what is published in
+    one pass of the event loop goes in one bundle, sent in the next pass; while
+    ``OUTLET_IN_FLIGHT`` bundles await their confirms, what comes meanwhile waits and goes in one
+    bundle as soon as one of them is back. So an idle worker sends each chunk at once, a busy one
+    sends bigger bundles rather than more of them, and each publisher waits for the broker's
+    confirm of the bundle that carried its envelope, as it would for its own message. Bundles are
+    published on one channel in the order they were made; a session's next chunk is published only
+    once its last one was confirmed, so its chunks keep their order."""
+
+    def __init__(self, transport: AmqpTransport) -> None:
+        self._transport = transport
+        self._entries: list[tuple[str, str, bytes]] = []  # (session, routing key, envelope bytes)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._in_flight = 0
+        self._flush_due = False
+
+    async def send(self, session: str, key: str, body: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._entries.append((session, key, body))
+        self._waiters.append(waiter)
+        if not self._flush_due:  # after what else is ready in this pass
+            self._flush_due = True
+            loop.call_soon(self._flush)
+        await waiter
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        limit = self._transport.max_message_bytes // BUNDLE_MAX_SHARE
+        while self._entries and self._in_flight < OUTLET_IN_FLIGHT:
+            count, size = 0, 0
+            for _, _, body in self._entries[:BUNDLE_MAX_ENTRIES]:
+                if count and size + len(body) > limit:
+                    break
+                count, size = count + 1, size + len(body)
+            entries, self._entries = self._entries[:count], self._entries[count:]
+            waiters, self._waiters = self._waiters[:count], self._waiters[count:]
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._send(entries, waiters), name="bundle")
+
+    async def _send(self, entries: list[tuple[str, str, bytes]], waiters: list[asyncio.Future[None]]) -> None:
+        try:
+            async with asyncio.timeout(self._transport.broker_wait_s):
+                await self._transport.publish_bundle(entries)
+        except BaseException as exc:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(_for_each(exc))
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        finally:
+            self._in_flight -= 1
+            if self._entries and not self._flush_due:
+                self._flush_due = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+
+def _for_each(exc: BaseException) -> Exception:
+    """An error of a bundle, for one of its publishers (each raises its own: one exception object
+    raised in many tasks collects all their tracebacks). Their retry loop tells these apart."""
+    if isinstance(exc, QueueFull | UnroutableError | BrokerUnavailable):
+        return type(exc)(str(exc))
+    if isinstance(exc, BROKER_GONE):
+        return ConnectionError(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, asyncio.CancelledError):  # the transport closes
+        return BrokerUnavailable("the transport closed before this was sent")
+    if isinstance(exc, TimeoutError):
+        return BrokerUnavailable("RabbitMQ did not confirm a bundle in time (BARGEIN_BROKER_WAIT_S)")
+    return BrokerUnavailable(f"publishing a bundle failed: {type(exc).__name__}: {exc}")
 
 
 class AmqpTransport(Transport):
@@ -201,6 +307,15 @@ class AmqpTransport(Transport):
         self._usable = asyncio.Event()
         self._recovering_until = 0.0  # until then, an unroutable message is tried again
         self._closing = False  # our own close: not an outage worth a warning
+        # Where output goes (see the module docstring). A consumer's view: the queue each
+        # session's caller hears on, from the reply_to of what the caller's edge publishes in;
+        # and the outlet of each of those queues.
+        self._routes: dict[str, str] = {}
+        self._outlets: dict[str, _Outlet] = {}
+        # A publisher's view: the queue this process hears a session on (reply_to of what it
+        # publishes in): its edge queue, or a session's own edge mailbox (a test's Caller).
+        self._edge_route: str | None = None
+        self._session_routes: dict[str, str] = {}
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:
@@ -323,12 +438,22 @@ class AmqpTransport(Transport):
         after a reconnect, a message that reaches no queue is tried again: the other processes'
         queues (an edge's is exclusive) come back at their own pace, and output published before
         its edge is back would be lost."""
-        key = routing_key(envelope.session, direction, envelope.type)
+        session = envelope.session
+        key = routing_key(session, direction, envelope.type)
         if envelope.lane == "audio":
             await self.publish_audio(key, encode(envelope))
             return
         body = encode(envelope)
+        control = envelope.control
         persistent = direction == IN
+        reply_to = (self._session_routes.get(session) or self._edge_route) if persistent else None
+        route = None if persistent or control else self._routes.get(session)
+        if route is not None and self.connected and time.monotonic() >= self._recovering_until:
+            try:  # the usual way of output: no timer of its own (each bundle has one)
+                await self._outlet(route).send(session, key, body)
+                return
+            except (QueueFull, *BROKER_GONE):
+                pass  # then as any message below
         full = False
         try:
             async with asyncio.timeout(self.broker_wait_s):
@@ -338,13 +463,17 @@ class AmqpTransport(Transport):
                         await self._usable.wait()
                     recovering = time.monotonic() < self._recovering_until
                     try:
-                        await self.publish_raw(
-                            key,
-                            body,
-                            control=envelope.control,
-                            persistent=persistent,
-                            mandatory=envelope.control or recovering,
-                        )
+                        if route is not None and not recovering:
+                            await self._outlet(route).send(session, key, body)
+                        else:
+                            await self.publish_raw(
+                                key,
+                                body,
+                                control=control,
+                                persistent=persistent,
+                                mandatory=control or recovering,
+                                reply_to=reply_to,
+                            )
                         return
                     except BROKER_GONE:  # it went away between the check and the publish
                         pass
@@ -385,6 +514,7 @@ class AmqpTransport(Transport):
         control: bool = False,
         persistent: bool = False,
         mandatory: bool | None = None,
+        reply_to: str | None = None,
     ) -> None:
         """Publish bytes as they are (the codec's output, or a malformed message in tests).
         ``mandatory`` (default: control only) raises :class:`UnroutableError` if no queue took it."""
@@ -397,7 +527,34 @@ class AmqpTransport(Transport):
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT
             if persistent
             else aio_pika.DeliveryMode.NOT_PERSISTENT,
+            reply_to=reply_to,
+            message_id=new_message_id(),  # (else aiormq makes a UUID for each one)
         )
+        await self._publish(message, key, control=control, mandatory=mandatory)
+        self.counters["published"] += 1
+
+    async def publish_bundle(self, entries: list[tuple[str, str, bytes]]) -> None:
+        """Publish (session, routing key, envelope bytes) entries as one message, routed by all
+        their keys (one of them alone: as it is)."""
+        keys = list(dict.fromkeys(key for _, key, _ in entries))
+        if len(entries) == 1:
+            await self.publish_raw(keys[0], entries[0][2])
+            return
+        bundle: list[BundleEntry] = [(session, body) for session, _, body in entries]
+        also: list[Any] = keys[1:]  # the other routing keys (an AMQP field array)
+        message = aio_pika.Message(
+            encode_bundle(bundle),
+            content_type=BUNDLE_CONTENT_TYPE,
+            priority=PRIORITY_DATA,
+            delivery_mode=aio_pika.DeliveryMode.NOT_PERSISTENT,
+            headers={"CC": also} if also else None,
+            message_id=new_message_id(),
+        )
+        await self._publish(message, keys[0], control=False, mandatory=False)
+        self.counters["published"] += len(entries)
+        self.counters["published_bundles"] += 1
+
+    async def _publish(self, message: aio_pika.Message, key: str, *, control: bool, mandatory: bool) -> None:
         exchange = self._need(self._events_control if control else self._events_data)
         kind = CONTROL if control else DATA
         try:
@@ -408,7 +565,20 @@ class AmqpTransport(Transport):
         except DeliveryError as exc:  # refused (nack): a queue it goes to is full
             self.counters[f"refused_{kind}"] += 1
             raise QueueFull(f"{kind} message {key}: a queue it goes to is full") from exc
-        self.counters["published"] += 1
+
+    def _outlet(self, route: str) -> _Outlet:
+        outlet = self._outlets.get(route)
+        if outlet is None:
+            outlet = self._outlets[route] = _Outlet(self)
+        return outlet
+
+    def _heard_on(self, session: str, route: str | None) -> None:
+        """What a session's caller publishes says which queue it hears the session on."""
+        if route is None or self._routes.get(session) == route:
+            return
+        if len(self._routes) >= ROUTES_KEPT:
+            self._routes.clear()  # only ever an optimisation: sessions go message by message again
+        self._routes[session] = route
 
     # --- mailboxes -------------------------------------------------------------------------------
 
@@ -463,6 +633,8 @@ class AmqpTransport(Transport):
         arguments = {"x-max-length": self.queue_max_messages, "x-overflow": "reject-publish"}
         queues: dict[Kind, AbstractRobustQueue] = {}
         tasks: list[asyncio.Task[None]] = []
+        sessions: set[str] = set()
+        self._edge_route = edge_queue(owner, DATA)  # where its callers' sessions are to be sent
         for kind, prefetch in ((DATA, self.edge_prefetch), (CONTROL, EDGE_CONTROL_PREFETCH)):
             channel = await connection.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=prefetch)
@@ -472,11 +644,16 @@ class AmqpTransport(Transport):
             # robust: aio-pika consumes again after a reconnect. Deliveries are put in the inbox in
             # the order they came (each put finishes at once), and one task handles them in order.
             await queue.consume(inbox.put)
-            tasks.append(asyncio.create_task(self._drain(queue, inbox, handler), name=f"edge:{kind}"))
-        return _AmqpEdgeQueue(queues, tasks)
+            drain = self._drain(queue, inbox, handler, sessions)
+            tasks.append(asyncio.create_task(drain, name=f"edge:{kind}"))
+        return _AmqpEdgeQueue(queues, tasks, sessions)
 
     async def _drain(
-        self, queue: AbstractQueue, inbox: asyncio.Queue[AbstractIncomingMessage], handler: Handler
+        self,
+        queue: AbstractQueue,
+        inbox: asyncio.Queue[AbstractIncomingMessage],
+        handler: Handler,
+        sessions: set[str],
     ) -> None:
         """Handle what arrives, in order, and acknowledge in batches (one ``multiple`` ack for up
         to EDGE_ACK_EVERY messages: acknowledging each one costs the edge half its throughput)."""
@@ -485,7 +662,7 @@ class AmqpTransport(Transport):
             handled = 0
             while True:
                 try:
-                    await self._handle(message, queue.name, None, handler)
+                    await self._handle(message, queue.name, None, handler, serves=sessions)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # dead-lettering failed (the broker went): keep draining
@@ -506,17 +683,43 @@ class AmqpTransport(Transport):
                 self.counters["acks_lost_with_channel"] += 1
 
     async def _handle(
-        self, message: AbstractIncomingMessage, queue: str, session: str | None, handler: Handler
+        self,
+        message: AbstractIncomingMessage,
+        queue: str,
+        session: str | None,
+        handler: Handler,
+        *,
+        serves: set[str] | None = None,
     ) -> bool:
-        """Decode and hand over one message; True if the handler took it. What fails to decode, is
-        for another session (when the queue is one session's), or makes the handler fail is
-        dead-lettered with its reason instead (not acknowledged here: the caller does)."""
+        """Decode and hand over one message, or each envelope of a bundle of the sessions this
+        queue is for (``session``'s mailbox; the ``serves`` of an edge queue): the others' came
+        along with them. True if the handler took all. What fails to decode, is for another
+        session (when the queue is one session's), or makes the handler fail is dead-lettered
+        with its reason instead (not acknowledged here: the caller does)."""
+        if message.content_type != BUNDLE_CONTENT_TYPE:
+            return await self._handle_one(message, message.body, queue, session, handler)
         try:
-            envelope, event = decode(message.body, max_bytes=self.max_message_bytes)
+            entries = decode_bundle(message.body, max_bytes=self.max_message_bytes)
+        except EnvelopeError as exc:
+            await self._dead_letter(message, exc.reason, str(exc), queue)
+            return False
+        handled = True
+        for entry_session, body in entries:
+            if entry_session != session if serves is None else entry_session not in serves:
+                self.counters["bundled_for_others"] += 1
+                continue
+            handled &= await self._handle_one(message, body, queue, entry_session, handler)
+        return handled
+
+    async def _handle_one(
+        self, message: AbstractIncomingMessage, body: bytes, queue: str, session: str | None, handler: Handler
+    ) -> bool:
+        try:
+            envelope, event = decode(body, max_bytes=self.max_message_bytes)
             if session is not None and envelope.session != session:
                 raise InvalidSessionId(f"message for session {envelope.session!r} in {queue}")
         except EnvelopeError as exc:
-            await self._dead_letter(message, exc.reason, str(exc), queue)
+            await self._dead_letter(message, exc.reason, str(exc), queue, body=body)
             return False
         try:
             await handler(envelope, event)
@@ -524,7 +727,9 @@ class AmqpTransport(Transport):
             raise
         except Exception as exc:
             log.exception("handler failed on %s in %s", envelope.type, queue)
-            await self._dead_letter(message, "handler_error", f"{type(exc).__name__}: {exc}", queue)
+            await self._dead_letter(
+                message, "handler_error", f"{type(exc).__name__}: {exc}", queue, body=body
+            )
             return False
         return True
 
@@ -538,6 +743,8 @@ class AmqpTransport(Transport):
         failed to restore would stop the others'): :attr:`Subscription.alive` says when its owner
         must subscribe again."""
         name = await self._declare_mailbox(session, tier, direction)
+        if tier == TIER_EDGE:  # a caller of its own (a test's): what it says in is heard here
+            self._session_routes[session] = name
         channel = self._need(self._consume)
         queue = await channel.declare_queue(name, passive=True, robust=False)
         consumer = _Consumer(queue, "", await channel.get_underlay_channel())
@@ -550,6 +757,7 @@ class AmqpTransport(Transport):
         """Handle, then acknowledge (prefetch 1: the next comes only then)."""
 
         async def on_message(message: AbstractIncomingMessage) -> None:
+            self._heard_on(session, message.reply_to)
             try:
                 await self._handle(message, queue.name, session, handler)
             except asyncio.CancelledError:
@@ -564,6 +772,9 @@ class AmqpTransport(Transport):
         return on_message
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        self._routes.pop(session, None)
+        if tier == TIER_EDGE:
+            self._session_routes.pop(session, None)
         channel = self._need(self._data)
         try:
             await channel.queue_delete(mailbox_queue(tier, session))
@@ -578,9 +789,18 @@ class AmqpTransport(Transport):
             await message.ack()
 
     async def _dead_letter(
-        self, message: AbstractIncomingMessage, reason: str, error: str, queue: str
+        self,
+        message: AbstractIncomingMessage,
+        reason: str,
+        error: str,
+        queue: str,
+        *,
+        body: bytes | None = None,
     ) -> None:
-        """Put a copy in the dead-letter queue with a reason, count it, log the first of each kind."""
+        """Put a copy in the dead-letter queue with a reason, count it, log the first of each kind.
+        ``body``: the envelope of a bundle that is refused, rather than the whole message."""
+        content_type = message.content_type if body is None else CONTENT_TYPE
+        body = message.body if body is None else body
         self.counters[f"dead:{reason}"] += 1
         if self.counters[f"dead:{reason}"] == 1 or self.counters[f"dead:{reason}"] % 1000 == 0:
             log.warning(
@@ -595,11 +815,11 @@ class AmqpTransport(Transport):
             "x-bargein-error": error[:1000],
             "x-bargein-queue": queue,
             "x-bargein-routing-key": message.routing_key or "",
-            "x-bargein-body-bytes": len(message.body),
+            "x-bargein-body-bytes": len(body),
         }
-        head = message.body[:DEAD_BODY_HEAD]  # enough to see what it was; a huge body is not kept
+        head = body[:DEAD_BODY_HEAD]  # enough to see what it was; a huge body is not kept
         await self._need(self._dead).publish(
-            aio_pika.Message(head, headers=headers, content_type=message.content_type), ""
+            aio_pika.Message(head, headers=headers, content_type=content_type), ""
         )
 
     # --- session starts --------------------------------------------------------------------------

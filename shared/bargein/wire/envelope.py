@@ -18,8 +18,10 @@ wrong with it (:func:`_decode_carefully`); well-formed messages never take that 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
-import os
+import random
 import re
 import time
 import uuid
@@ -62,8 +64,10 @@ def new_session_id() -> str:
 
 
 def new_message_id() -> str:
-    """128 random bits in hex, as a uuid4's; without building a ``UUID`` (one per message)."""
-    return os.urandom(16).hex()
+    """128 random bits in hex, as a uuid4's. An id needs to be unique, not unguessable, and one is
+    made for every message: from the ``random`` module (reseeded in a forked child), not from the
+    operating system (a system call each)."""
+    return random.randbytes(16).hex()
 
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -189,6 +193,34 @@ def _decode_carefully(raw: bytes) -> tuple[Envelope, Event]:
     return envelope, envelope.event()
 
 
+# --- bundles: several sessions' envelopes in one broker message ---------------------------------------
+#
+# A worker publishes the output of many sessions to the one queue of the edge process that serves
+# their callers; one broker message for all that is ready at once costs the worker, the broker and
+# the edge what one chunk did (transport/amqp.py says when). Each entry names its session, so a
+# consumer takes the entries of the sessions it serves without decoding the others.
+
+BundleEntry = tuple[str, bytes]  # (session, an encoded envelope)
+_BUNDLE_DECODER = msgspec.msgpack.Decoder(list[tuple[str, bytes]], ext_hook=_refuse_extension)
+
+
+def encode_bundle(entries: list[BundleEntry]) -> bytes:
+    return _ENCODER.encode(entries)
+
+
+def decode_bundle(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[BundleEntry]:
+    """Bytes from the bus → the bundle's (session, envelope bytes) entries, each still to be read
+    with :func:`decode`. A typed EnvelopeError and nothing else, as :func:`decode`."""
+    if len(raw) > max_bytes:
+        raise MessageTooLarge(f"bundle of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        return _BUNDLE_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidEnvelope(f"malformed bundle: {exc}") from None
+    except Exception as exc:  # malformed msgpack, an extension type, absurd nesting
+        raise UndecodableMessage(f"not a bundle: {type(exc).__name__}: {exc}") from None
+
+
 # --- the bus message routes receive, from and to the wire -------------------------------------------
 
 
@@ -207,8 +239,26 @@ def message_of(envelope: Envelope, event: Event) -> Message:
     )
 
 
+# Messages encoded lately, by identity: a turn's trigger is in every checkpoint the turn takes (a
+# message is frozen; its event, a value, is not changed in place by bargein).
+_ENCODED: collections.OrderedDict[int, tuple[Message, bytes]] = collections.OrderedDict()
+ENCODED_KEPT = 4096
+
+
 def encode_message(message: Message) -> bytes:
     """A message as bytes, for checkpoints (a trigger an adopter must run again)."""
+    known = _ENCODED.get(id(message))
+    if known is not None and known[0] is message:
+        return known[1]
+    raw = _encode_message(message)
+    _ENCODED[id(message)] = (message, raw)
+    if len(_ENCODED) > ENCODED_KEPT:
+        with contextlib.suppress(KeyError):  # another thread's loop evicted it first
+            _ENCODED.popitem(last=False)
+    return raw
+
+
+def _encode_message(message: Message) -> bytes:
     return encode(
         Envelope(
             v=WIRE_VERSION,
