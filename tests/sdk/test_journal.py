@@ -12,7 +12,7 @@ from typing import Any
 from bargein import AgentResponse, UserStartedSpeaking
 from bargein.runtime import journal, snapshot
 from bargein.testing import LocalSession
-from bargein.transport.abc import NO_LOG_CHANGE, LogChange
+from bargein.transport.abc import NO_LOG_CHANGE, LogChange, Renewal
 from bargein.transport.memory import MemoryStateStore
 from bargein.wire.names import TIER_REASONING
 
@@ -93,6 +93,31 @@ async def test_a_checkpoint_at_turn_sixty_writes_what_one_at_turn_five_does_and_
         await ask(s, "after the crash")
         await s.collect_turn()
         assert max(store.writes[before:]) < 1.3 * sizes[5]  # the adopter appends as well
+
+
+async def test_records_written_back_after_the_store_lost_everything_restore_the_whole_history() -> None:
+    """Found by the Redis-restart fault test once every list with items went to the log: after
+    Redis came back empty, the owner wrote its record back but only the items that changed since
+    its last checkpoint, so the next owner could not read the history (the log lacked item 0)."""
+    store = MemoryStateStore()
+    async with LocalSession(interruptible_agent(replies=(ANSWER,) * 5, tokens_per_second=2000)) as s:
+        s.store = store
+        await s.restart()
+        for turn in range(3):
+            await ask(s, f"question {turn}")
+            await s.collect_turn()
+        whole = history(s)
+        runtime = s.runtime
+        store.lose_everything()
+        # what the owner's next lease renewal does (hosting/host.py): the lease again, the records back
+        renewal = await store.renew_lease(TIER_REASONING, s.session_id, runtime.owner, runtime.epoch, 60_000)
+        assert renewal is Renewal.RESTORED
+        await runtime.write_back()
+        await s.crash()
+        assert history(s) == whole
+        await ask(s, "after the crash")
+        await s.collect_turn()
+        assert len(history(s)) == len(whole) + 2
 
 
 async def test_a_checkpoint_written_before_the_log_existed_still_restores() -> None:

@@ -335,7 +335,7 @@ class SessionHost:
         try:
             await self.store.register_session(self.tier, session_id, owned.info.encode())
             await self.store.note_owned(self.tier, self.owner, session_id, True)
-            await owned.runtime.checkpoint()
+            await owned.runtime.write_back()
             owned.records_lost = False
         except Exception as exc:
             log.warning(

@@ -85,6 +85,11 @@ class Journal:
         """The store took the change: these are the lists as the log now holds them."""
         self._written.update(lists)
 
+    def forget_written(self) -> None:
+        """The log was lost: the next change writes every list from its first item (the paths keep
+        their places: the record names them so)."""
+        self._written.clear()
+
     def restored(self, paths: list[str], lists: Lists) -> None:
         self.paths = list(paths)
         self._written = {path: list(value) for path, value in lists.items()}

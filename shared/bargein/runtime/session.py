@@ -463,12 +463,18 @@ class SessionRuntime(SessionProcessor):
             "routes": {e.key: e.durable_state() for e in self.executors},
         }
 
-    async def checkpoint(self) -> None:
+    async def write_back(self) -> None:
+        await self.checkpoint(whole=True)
+
+    async def checkpoint(self, *, whole: bool = False) -> None:
         """Write the session's state under our epoch. Serialised, and the snapshot is taken inside
-        the lock, so a slow write can never overwrite a newer one."""
+        the lock, so a slow write can never overwrite a newer one. ``whole``: the store lost what
+        was written before, the log included, so every list is written again, item by item."""
         async with self._checkpoint_lock:
             if self.fenced or self.closed:
                 return
+            if whole:
+                self._journal.forget_written()
             self._dirty = False
             try:
                 state = self.snapshot()

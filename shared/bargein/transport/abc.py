@@ -311,6 +311,11 @@ class SessionProcessor(ABC):
     async def checkpoint(self) -> None:
         """Write what must outlive this process to the state store (under the owner's epoch)."""
 
+    async def write_back(self) -> None:
+        """The state store lost this session's records (Redis restarted without persistence):
+        write them again, all of them, not only what changed since the last checkpoint."""
+        await self.checkpoint()
+
     @abstractmethod
     def hold(self) -> None:
         """Start no new turns (the process is draining): what runs may finish, the rest waits to be

@@ -560,5 +560,10 @@ class MemoryStateStore(StateStore):
         """Test hook: the owner died and its lease ran out."""
         self._leases.pop((tier, session), None)
 
+    def lose_everything(self) -> None:
+        """Test hook: the store restarted empty (Redis without persistence)."""
+        for records in (self._leases, self._epochs, self._state, self._logs, self._directory, self._owned):
+            records.clear()
+
     async def close(self) -> None:
         return None
