@@ -36,9 +36,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aio_pika
+import aiormq
 import aiormq.abc
 from aio_pika.abc import (
     AbstractExchange,
@@ -103,7 +104,7 @@ CONTENT_TYPE = "application/msgpack"
 BUNDLE_CONTENT_TYPE = "application/vnd.bargein.bundle+msgpack"  # envelope.encode_bundle
 BUNDLE_MAX_ENTRIES = 512
 BUNDLE_MAX_SHARE = 4  # a bundle holds at most this fraction of what a consumer accepts (its bytes)
-OUTLET_IN_FLIGHT = 4  # bundles to one edge awaiting their confirms at once; more waits for the next
+OUTLET_IN_FLIGHT = 1  # bundles to one edge awaiting their confirms at once; more waits for the next
 ROUTES_KEPT = 65_536  # which edge each session's caller is on: forgotten wholesale beyond this
 RECONNECT_INTERVAL_S = 1.0
 QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
@@ -120,12 +121,48 @@ DEAD_QUEUE_MAX_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes of th
 DEAD_BODY_HEAD = 2048  # of a rejected message's body, this much is kept (its size is in a header)
 
 
+class _Received(Protocol):
+    """What consuming a message needs of it, whichever library handed it over."""
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def content_type(self) -> str | None: ...
+
+    @property
+    def routing_key(self) -> str | None: ...
+
+
+class _Delivery:
+    """A message as aiormq hands it to a mailbox's consumer. Mailboxes are consumed on aiormq's
+    channel directly: aio-pika's consumer would wrap each message (reading all its properties) and
+    hand it on in a task of its own, one more pass of a busy event loop on an interrupt's way."""
+
+    __slots__ = ("body", "content_type", "reply_to", "routing_key", "tag")
+
+    def __init__(self, delivered: aiormq.abc.DeliveredMessage) -> None:
+        properties = delivered.header.properties
+        deliver = delivered.delivery
+        assert isinstance(deliver, aiormq.spec.Basic.Deliver) and deliver.delivery_tag is not None
+        self.body: bytes = delivered.body
+        self.content_type = properties.content_type
+        self.reply_to = properties.reply_to
+        self.routing_key = deliver.routing_key
+        self.tag: int = deliver.delivery_tag
+
+
 class _Consumer(Subscription):
     """``underlay`` is the AMQP channel the consumer was made on: after a reconnect that channel is
     closed (aio-pika makes a new one), and a consumer the broker cancelled is gone from it."""
 
-    def __init__(self, queue: AbstractQueue, tag: str, underlay: aiormq.abc.AbstractChannel | None) -> None:
-        self._queue = queue
+    def __init__(
+        self,
+        stop: Callable[[str], Awaitable[Any]],
+        tag: str,
+        underlay: aiormq.abc.AbstractChannel | None,
+    ) -> None:
+        self._stop = stop
         self._tag: str | None = tag
         self._underlay = underlay
 
@@ -147,7 +184,7 @@ class _Consumer(Subscription):
         tag, self._tag = self._tag, None
         if tag is not None:
             try:
-                await self._queue.cancel(tag)
+                await self._stop(tag)
             except Exception as exc:  # the channel may already be gone; nothing left to stop
                 log.debug("cancelling consumer %s: %s", tag, exc)
 
@@ -684,7 +721,7 @@ class AmqpTransport(Transport):
 
     async def _handle(
         self,
-        message: AbstractIncomingMessage,
+        message: _Received,
         queue: str,
         session: str | None,
         handler: Handler,
@@ -712,7 +749,7 @@ class AmqpTransport(Transport):
         return handled
 
     async def _handle_one(
-        self, message: AbstractIncomingMessage, body: bytes, queue: str, session: str | None, handler: Handler
+        self, message: _Received, body: bytes, queue: str, session: str | None, handler: Handler
     ) -> bool:
         try:
             envelope, event = decode(body, max_bytes=self.max_message_bytes)
@@ -745,29 +782,36 @@ class AmqpTransport(Transport):
         name = await self._declare_mailbox(session, tier, direction)
         if tier == TIER_EDGE:  # a caller of its own (a test's): what it says in is heard here
             self._session_routes[session] = name
-        channel = self._need(self._consume)
-        queue = await channel.declare_queue(name, passive=True, robust=False)
-        consumer = _Consumer(queue, "", await channel.get_underlay_channel())
-        consumer._tag = await queue.consume(self._mailbox_consumer(queue, session, handler, consumer))
+        channel = await self._need(self._consume).get_underlay_channel()
+        consumer = _Consumer(channel.basic_cancel, "", channel)
+        on_message = self._mailbox_consumer(channel, name, session, handler, consumer)
+        consuming = await channel.basic_consume(name, on_message)
+        consumer._tag = consuming.consumer_tag
         return consumer
 
     def _mailbox_consumer(
-        self, queue: AbstractQueue, session: str, handler: Handler, consumer: _Consumer
-    ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        queue: str,
+        session: str,
+        handler: Handler,
+        consumer: _Consumer,
+    ) -> Callable[[aiormq.abc.DeliveredMessage], Awaitable[None]]:
         """Handle, then acknowledge (prefetch 1: the next comes only then)."""
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
+        async def on_message(delivered: aiormq.abc.DeliveredMessage) -> None:
+            message = _Delivery(delivered)
             self._heard_on(session, message.reply_to)
             try:
-                await self._handle(message, queue.name, session, handler)
+                await self._handle(message, queue, session, handler)
             except asyncio.CancelledError:
                 raise  # unacknowledged: redelivered to the next consumer
             except NotOwner:  # back to the mailbox, for the owner; this consumer stops here
-                await message.nack(requeue=True)
+                await channel.basic_nack(message.tag, requeue=True)
                 await consumer.cancel()
                 consumer.stopped()
                 return
-            await message.ack()
+            await channel.basic_ack(message.tag)
 
         return on_message
 
@@ -790,7 +834,7 @@ class AmqpTransport(Transport):
 
     async def _dead_letter(
         self,
-        message: AbstractIncomingMessage,
+        message: _Received,
         reason: str,
         error: str,
         queue: str,
@@ -855,4 +899,4 @@ class AmqpTransport(Transport):
                 await message.nack(requeue=True)
 
         tag = await queue.consume(on_start)
-        return _Consumer(queue, tag, None)
+        return _Consumer(queue.cancel, tag, None)
