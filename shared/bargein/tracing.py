@@ -59,8 +59,9 @@ def active() -> bool:
 
 
 def current_carrier() -> dict[str, str]:
-    """The current trace context as envelope headers (empty when there is no span)."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    """The current trace context as envelope headers (empty when there is no span: always, without
+    a tracer provider, so that is not even asked for every message)."""
+    if not active() or not trace.get_current_span().get_span_context().is_valid:
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

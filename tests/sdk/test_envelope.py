@@ -137,6 +137,42 @@ def test_round_trip_preserves_event_and_every_envelope_field(event: Event) -> No
     assert encode(envelope) == raw  # decoding and re-encoding is stable
 
 
+_SAMPLES: dict[Any, Any] = {
+    str: "héllo",
+    int: 7,
+    bool: True,
+    bytes: b"\x00\x01",
+    str | None: "x",
+    int | None: 3,
+    list[str]: ["a", "b"],
+}
+
+
+def _sample(cls: type[Event]) -> Event | None:
+    """An instance of ``cls`` with every required field given a value (None if one is of a kind
+    the samples lack)."""
+    required = {name: field for name, field in cls.model_fields.items() if field.is_required()}
+    if not all(field.annotation in _SAMPLES for field in required.values()):
+        return None
+    return cls(**{name: _SAMPLES[field.annotation] for name, field in required.items()})
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, cls in sorted(registered_event_types().items()) if _sample(cls) is not None]
+)
+def test_an_events_payload_is_its_json_form_whichever_way_it_is_made(name: str) -> None:
+    """Events whose fields are plain give their values as the payload without running pydantic's
+    serialiser (every chunk's case); that is the same payload the serialiser makes."""
+    event = _sample(event_type(name))
+    assert event is not None
+    expected = event.model_dump(mode="json")
+    for field_name, field in type(event).model_fields.items():
+        if field.annotation is bytes:
+            expected[field_name] = getattr(event, field_name)  # bytes stay bytes on the wire
+    assert event.to_payload() == expected
+    assert decode(encode(Envelope.wrap(SESSION, event)))[1] == event
+
+
 def test_round_trip_keeps_tool_args_structure() -> None:
     args = {"n": 1, "f": 2.5, "s": "x", "b": True, "none": None, "list": [1, "two", [3]], "map": {"k": {}}}
     _, decoded = decode(encode(Envelope.wrap(SESSION, ToolCall(tool_name="t", tool_args=args))))

@@ -99,12 +99,38 @@ class Event(BaseModel):
     def to_payload(self) -> dict[str, Any]:
         """The fields as plain data for the wire: JSON-style values, except that ``bytes`` fields
         stay bytes (msgpack carries them natively; base64 would cost a third more)."""
+        if _plain_fields(type(self)):  # the values are their own JSON form (every chunk's case)
+            return dict(self.__dict__)
         raw = _bytes_fields(type(self))
         if not raw:
             return self.model_dump(mode="json")
         payload = self.model_dump(mode="json", exclude=set(raw))
         payload.update({name: getattr(self, name) for name in raw})
         return payload
+
+
+_PLAIN_ANNOTATIONS = frozenset({str, int, bool, bytes, type(None), str | None, int | None, bool | None})
+
+
+@functools.cache
+def _plain_fields(cls: type[BaseModel]) -> bool:
+    """Whether every field of ``cls`` holds a string, an integer, a boolean, bytes or None, and is
+    serialised as it is: then its values are the payload, with no serialiser to run (asked for
+    every event sent)."""
+    decorators = cls.__pydantic_decorators__
+    return (
+        not cls.model_computed_fields
+        and cls.model_config.get("extra") != "allow"
+        and not decorators.field_serializers
+        and not decorators.model_serializers
+        and all(
+            field.annotation in _PLAIN_ANNOTATIONS
+            and not field.exclude
+            and field.serialization_alias is None
+            and field.alias is None
+            for field in cls.model_fields.values()
+        )
+    )
 
 
 @functools.cache

@@ -203,8 +203,9 @@ class Caller:
             self.heard.sent(envelope.turn, envelope.seq, event.content)
             self.voice.text(envelope.turn, envelope.seq, event.content)
         elif isinstance(event, AgentResponse):
-            await self._tell_speech(self.playback.sent(envelope.turn, envelope.seq))
-            await self._tell_speech(self.playback.heard(envelope.turn, envelope.seq))
+            if self.report_playback:  # (nothing else asks what the playback is)
+                await self._tell_speech(self.playback.sent(envelope.turn, envelope.seq))
+                await self._tell_speech(self.playback.heard(envelope.turn, envelope.seq))
             self.heard.sent(envelope.turn, envelope.seq, event.content)
             self.heard.heard(envelope.turn, envelope.seq)
             await self._report_soon()

@@ -21,7 +21,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from bargein.errors import (
     BrokerUnavailable,
@@ -110,8 +110,7 @@ class DeadLetter:
     queue: str = ""  # the mailbox it came from (RabbitMQ's x-bargein-queue header)
 
 
-@dataclass
-class _Item:
+class _Item(NamedTuple):
     serial: int  # publish order across the broker
     body: bytes
     control: bool
@@ -306,14 +305,16 @@ class MemoryTransport(Transport):
 
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
-        body, exchange = encode(envelope), lane_exchange(envelope.lane)
-        deadline = time.monotonic() + self.broker_wait_s
+        body, exchange, control = encode(envelope), lane_exchange(envelope.lane), envelope.control
+        deadline = None
         while True:
             try:
-                self.broker.route(exchange, key, body, control=envelope.control)
+                self.broker.route(exchange, key, body, control=control)
                 return
             except QueueFull:  # the consumer is behind: wait for it (backpressure)
-                if time.monotonic() > deadline:
+                if deadline is None:
+                    deadline = time.monotonic() + self.broker_wait_s
+                elif time.monotonic() > deadline:
                     raise BrokerUnavailable(
                         f"a queue on the way stayed full for {self.broker_wait_s:.0f} s"
                     ) from None

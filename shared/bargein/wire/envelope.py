@@ -103,11 +103,11 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @property
     def control(self) -> bool:
-        return is_control(event_type(self.type))
+        return _routing(self.type)[0]
 
     @property
     def lane(self) -> str:
-        return lane_of(event_type(self.type))
+        return _routing(self.type)[1]
 
     def event(self) -> Event:
         """The typed event; :class:`InvalidEnvelope` if the payload does not fit the type."""
@@ -120,6 +120,13 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def as_dict(self) -> dict[str, Any]:
         """Every field, as the wire carries it (a map of plain data)."""
         return msgspec.structs.asdict(self)
+
+
+@functools.lru_cache(maxsize=1024)  # asked for every message sent; known type names only
+def _routing(type_name: str) -> tuple[bool, str]:
+    """Whether a type of event overtakes data, and its lane (:class:`UnknownEventType` if none)."""
+    cls = event_type(type_name)
+    return is_control(cls), lane_of(cls)
 
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -11,6 +11,7 @@ one Redis Cluster slot and the Lua check-and-set scripts can touch them together
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from bargein.agent.events import event_type, is_control
@@ -55,9 +56,14 @@ def kind_of(event_name: str) -> Kind:
     """``control`` for events that overtake data; ``data`` for the rest, and for names no event
     type has (a malformed message still needs a key, to be dead-lettered by its consumer)."""
     try:
-        return CONTROL if is_control(event_type(event_name)) else DATA
+        return _kind_of_known(event_name)
     except UnknownEventType:
         return DATA
+
+
+@functools.lru_cache(maxsize=1024)  # asked for every message; only known names are remembered
+def _kind_of_known(event_name: str) -> Kind:
+    return CONTROL if is_control(event_type(event_name)) else DATA
 
 
 def routing_key(session: str, direction: Direction, event_name: str) -> str:
