@@ -7,6 +7,7 @@ record and each checkpoint writes the items that changed since the last one.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from bargein import AgentResponse, UserStartedSpeaking
@@ -28,12 +29,14 @@ class CountingStore(MemoryStateStore):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[int] = []
+        self.records: list[tuple[bytes, LogChange]] = []
 
     async def save_state(
         self, tier: Any, session: str, epoch: int, data: bytes, ttl_ms: int, log: LogChange = NO_LOG_CHANGE
     ) -> None:
         await super().save_state(tier, session, epoch, data, ttl_ms, log)
         self.writes.append(len(data) + log.size)
+        self.records.append((data, log))
 
 
 def test_a_growing_list_is_written_by_its_new_items_and_a_cut_from_where_it_changed() -> None:
@@ -93,6 +96,28 @@ async def test_a_checkpoint_at_turn_sixty_writes_what_one_at_turn_five_does_and_
         await ask(s, "after the crash")
         await s.collect_turn()
         assert max(store.writes[before:]) < 1.3 * sizes[5]  # the adopter appends as well
+
+
+async def test_an_interrupted_turn_writes_no_checkpoint_twice() -> None:
+    """The interrupt's checkpoint, taken once the turn has unwound, already holds the cut history
+    and that only the handler is left: the one before the handler is not written again (it was,
+    the same bytes, for every barge-in)."""
+    store = CountingStore()
+    async with LocalSession(interruptible_agent(replies=(ANSWER,) * 5, tokens_per_second=200)) as s:
+        s.store = store
+        await s.restart()
+        for turn in range(3):
+            await ask(s, f"question {turn}")
+            await take_chunks(s, 2)
+            before = len(store.records)
+            await s.emit(UserStartedSpeaking())
+            await s.quiet(0.2)
+            written = store.records[before:]
+            assert written, "the cut is written"
+            records = [data for data, _ in store.records[before - 1 :]]
+            assert all(a != b for a, b in itertools.pairwise(records)), turn
+        await s.crash()  # and what was written is all an adopter needs
+        assert len(history(s)) == 6
 
 
 async def test_records_written_back_after_the_store_lost_everything_restore_the_whole_history() -> None:

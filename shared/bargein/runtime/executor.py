@@ -150,6 +150,8 @@ class TurnRun:
         self.span: Span | None = None
         self.task: asyncio.Task[None] | None = None
         self.generating = asyncio.Event()  # the run has reached its pipeline (the generator)
+        # a checkpoint was written after this run, cut off, had unwound: it holds the cut already
+        self.cut_written = False
         self._seq = -1
 
     def ensure_turn(self) -> int:
@@ -272,6 +274,7 @@ class RouteExecutor:
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._running: dict[asyncio.Task[None], Work] = {}  # a concurrent route's work under way
+        self._cut_in_snapshot: TurnRun | None = None  # see durable_state
         self._unstarted: set[asyncio.Task[None]] = set()  # ... of which not yet run to its first wait
 
     def start(self) -> None:
@@ -467,9 +470,11 @@ class RouteExecutor:
             self.active = None
         if run.interrupted_by is not None and run.clause is not None:
             # Record the cut history (and that only the handler is left) before running it, so an
-            # adopter runs the handler rather than the turn if this process dies meanwhile.
+            # adopter runs the handler rather than the turn if this process dies meanwhile. Usually
+            # the interrupt's own checkpoint, written once the turn had unwound, did.
             self.current = Work("cut", run.trigger, work.index, run.turn, run.interrupted_by, run.clause)
-            await self.host.checkpoint()
+            if not run.cut_written:
+                await self.host.checkpoint()
             await self._run_handler(self.route.cutting[run.clause].handler, run.interrupted_by, "interrupt")
         self.current = None  # done: the checkpoint must not hand it to an adopter again
         await self.host.turn_finished(run)
@@ -526,14 +531,23 @@ class RouteExecutor:
         """What an adopter needs to carry on: the work not finished, in order, and suspension."""
         work: list[Work] = []
         run = self.active
+        self._cut_in_snapshot = None
         if run is not None:  # the running turn, as it stands (a cut-off one: only its handler is left)
             kind: WorkKind = "cut" if run.interrupted_by is not None else "trigger"
             work.append(Work(kind, run.trigger, run.index, run.turn, run.interrupted_by, run.clause))
+            if kind == "cut" and run.task is not None and run.task.done():  # the nodes hold the cut too
+                self._cut_in_snapshot = run
         elif self.current is not None and not self.current.dropped:
             work.append(self.current)
         work[:0] = sorted(self._running.values(), key=lambda w: w.index)  # run again by an adopter
         work.extend(self.queue)
         return {"suspended": self.suspended, "work": [w.to_state() for w in work]}
+
+    def state_written(self) -> None:
+        """The checkpoint that took :meth:`durable_state` is written."""
+        if self._cut_in_snapshot is not None:
+            self._cut_in_snapshot.cut_written = True
+            self._cut_in_snapshot = None
 
     def restore(self, state: dict[str, Any]) -> None:
         self.suspended = bool(state.get("suspended", False))

@@ -485,6 +485,8 @@ class SessionRuntime(SessionProcessor):
                     self.tier, self.session_id, self.epoch, data, self.state_ttl_ms, log=change
                 )
                 self._journal.written(lists)
+                for executor in self.executors:
+                    executor.state_written()
                 self.count("checkpoints")
             except StaleEpochError:
                 # Another owner has the session, or Redis lost its records (the epoch counter with

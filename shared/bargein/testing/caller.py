@@ -101,7 +101,9 @@ class Caller:
         self.received: list[tuple[Envelope, Event]] = []
         self.keep_received = keep_received
         self._buffer: collections.deque[tuple[Envelope, Event]] = collections.deque()
-        self._arrived = asyncio.Event()
+        self._arrived = asyncio.Event()  # what wait_interrupted waits for
+        self._reader: asyncio.Future[None] | None = None  # ... and next(), more cheaply
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._seq = itertools.count()
         self._edge: Subscription | None = None
         self.report_interval_s = report_interval_s
@@ -164,11 +166,11 @@ class Caller:
                 kept = [item for item in self._buffer if not self.fence.is_fenced(item[0].turn)]
                 self.fence.dropped["interrupted_turn"] += len(self._buffer) - len(kept)
                 self._buffer = collections.deque(kept)
-            self._arrived.set()
+            self._arrived_now()
             return
         if self.fence.admit(envelope):
             self._buffer.append((envelope, event))
-            self._arrived.set()
+            self._arrived_now()
 
     async def wait_interrupted(self, turn: int, timeout: float = 5.0) -> None:
         """Wait until the edge has seen turn ``turn`` interrupted."""
@@ -190,9 +192,19 @@ class Caller:
         return envelope, event
 
     async def _arrival(self) -> None:
+        """Return once something is in the buffer (a bare future: an asyncio.Event asks for the
+        running loop at every wait, a system call on Python 3.11, and this is every chunk's)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         while not self._buffer:
-            self._arrived.clear()
-            await self._arrived.wait()
+            self._reader = self._loop.create_future()
+            await self._reader
+
+    def _arrived_now(self) -> None:
+        self._arrived.set()
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.set_result(None)
 
     async def _hand_out(self, envelope: Envelope, event: Event) -> None:
         """The caller has this event now: a chunk is reported heard, the agent's hang-up ends the

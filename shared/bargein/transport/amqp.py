@@ -241,15 +241,16 @@ class _Outlet:
     published on one channel in the order they were made; a session's next chunk is published only
     once its last one was confirmed, so its chunks keep their order."""
 
-    def __init__(self, transport: AmqpTransport) -> None:
+    def __init__(self, transport: AmqpTransport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
+        self._loop = loop
         self._entries: list[tuple[str, str, bytes]] = []  # (session, routing key, envelope bytes)
         self._waiters: list[asyncio.Future[None]] = []
         self._in_flight = 0
         self._flush_due = False
 
     async def send(self, session: str, key: str, body: bytes) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter = loop.create_future()
         self._entries.append((session, key, body))
         self._waiters.append(waiter)
@@ -270,7 +271,7 @@ class _Outlet:
             entries, self._entries = self._entries[:count], self._entries[count:]
             waiters, self._waiters = self._waiters[:count], self._waiters[count:]
             self._in_flight += 1
-            asyncio.get_running_loop().create_task(self._send(entries, waiters), name="bundle")
+            self._loop.create_task(self._send(entries, waiters), name="bundle")
 
     async def _send(self, entries: list[tuple[str, str, bytes]], waiters: list[asyncio.Future[None]]) -> None:
         try:
@@ -290,7 +291,7 @@ class _Outlet:
             self._in_flight -= 1
             if self._entries and not self._flush_due:
                 self._flush_due = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                self._loop.call_soon(self._flush)
 
 
 def _for_each(exc: BaseException) -> Exception:
@@ -606,7 +607,7 @@ class AmqpTransport(Transport):
     def _outlet(self, route: str) -> _Outlet:
         outlet = self._outlets.get(route)
         if outlet is None:
-            outlet = self._outlets[route] = _Outlet(self)
+            outlet = self._outlets[route] = _Outlet(self, asyncio.get_running_loop())
         return outlet
 
     def _heard_on(self, session: str, route: str | None) -> None:

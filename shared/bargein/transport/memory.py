@@ -125,7 +125,9 @@ class _Mailbox:
     max_length: int | None = None  # keep only the newest (RabbitMQ: x-max-length, drop-head)
     refuse_when_full: int | None = None  # refuse more (RabbitMQ: x-max-length, reject-publish)
     items: collections.deque[_Item] = field(default_factory=collections.deque)
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    # what the consumer awaits while the mailbox is empty (a bare future on the consumer's loop:
+    # an asyncio.Event asks for the running loop at every wait, a system call on Python 3.11)
+    waiter: asyncio.Future[None] | None = None
     consumer: asyncio.Task[None] | None = None
 
     def put(self, item: _Item) -> bool:
@@ -143,8 +145,16 @@ class _Mailbox:
             self.items.insert(i, item)
         else:
             self.items.append(item)
-        self.wakeup.set()
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         return not dropped
+
+    async def arrival(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Return once there is an item."""
+        while not self.items:
+            self.waiter = loop.create_future()
+            await self.waiter
 
 
 class MemoryBroker:
@@ -344,11 +354,10 @@ class MemoryTransport(Transport):
         return _MemorySubscription(box)
 
     async def _consume(self, box: _Mailbox, handler: Handler) -> None:
-        broker = self.broker
+        broker, loop = self.broker, asyncio.get_running_loop()
         while True:
-            while not box.items:
-                box.wakeup.clear()
-                await box.wakeup.wait()
+            if not box.items:
+                await box.arrival(loop)
             item = box.items[0]
             try:
                 envelope, event = decode(item.body, max_bytes=broker.max_message_bytes)
