@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -384,3 +385,30 @@ async def test_the_caller_reports_delivery_coalesced_and_before_whatever_it_does
         node = s.nodes[0]
         assert isinstance(node, ReasoningNode)
         assert node.conversation_events[-1] == AgentResponse(content=text)
+
+
+async def test_barge_ins_leave_no_garbage_cycles_and_no_growing_records() -> None:
+    """A barge-in cancels a turn's task; the task, the exception that unwound it and the frames
+    that exception holds referred to each other (through the run, in the task's context and the
+    frames): fifty objects a barge-in waited for the garbage collector, a sixth of a busy
+    process's work. And a node kept every interrupted answer of the call, for late reports."""
+    async with LocalSession(interruptible_agent(replies=(WORDS,) * 40, tokens_per_second=400)) as s:
+        await ask(s, "warm up")
+        await take_chunks(s, 1)
+        await s.emit(UserStartedSpeaking())
+        await s.quiet(0.05)
+        gc.collect()
+        gc.disable()
+        try:
+            for turn in range(30):
+                await ask(s, f"question {turn}")
+                await take_chunks(s, 2)
+                await s.emit(UserStartedSpeaking())
+                await s.quiet(0.02)
+            unreachable = gc.collect()
+        finally:
+            gc.enable()
+        assert unreachable < 30, unreachable  # a handful, not one cycle a barge-in
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert len(node._interrupted) <= 16

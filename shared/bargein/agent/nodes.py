@@ -36,6 +36,8 @@ log = logging.getLogger("bargein.agent.nodes")
 
 
 _MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
+# how many recent turns a late delivery report may still correct (the delivery ledger keeps as many)
+AMENDABLE_TURNS = 16
 
 
 @dataclass
@@ -336,3 +338,5 @@ class ReasoningNode(Node):
         self._resumable = record
         if run is not None and run.turn is not None:
             self._interrupted[run.turn] = record
+            for old in [turn for turn in self._interrupted if turn <= run.turn - AMENDABLE_TURNS]:
+                del self._interrupted[old]  # no report comes for them any more

@@ -194,15 +194,20 @@ class TurnRun:
                 self.span = span
                 await coro
 
-        self.task = asyncio.create_task(body(), name=f"turn:{self.host.session_id}:{self.turn}")
+        task = self.task = asyncio.create_task(body(), name=f"turn:{self.host.session_id}:{self.turn}")
         try:
-            await asyncio.wait({self.task})
+            await asyncio.wait({task})
         except asyncio.CancelledError:  # the route itself is closing
-            self.task.cancel()
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await self.task
+                await task
             raise
-        error = None if self.task.cancelled() else self.task.exception()
+        finally:
+            # The task's context holds this run, and its exception the frames that hold it too: let
+            # go of the task, so that all of it goes when the turn does, not at the collector's
+            # next pass (a cycle per barge-in was most of this process's garbage collection).
+            self.task = None
+        error = None if task.cancelled() else task.exception()
         if error is not None:
             self.host.count("route_errors")
             log.error("session %s turn %s failed", self.host.session_id, self.turn, exc_info=error)
@@ -211,7 +216,8 @@ class TurnRun:
                 await self.host.guard(self.host.publish_output(failure, self), "error report")
 
     async def interrupt(self, message: Message, clause: int) -> None:
-        if self.task is None or self.task.done():
+        task = self.task
+        if task is None or task.done():
             return
         self.cancelled = True  # from here on nothing of this turn is published
         self.interrupted_by = message
@@ -225,11 +231,11 @@ class TurnRun:
             # is told at once, and the cancel lands in the generator, which records what was heard.
             await self.host.turn_interrupted(self)
             reached = asyncio.ensure_future(self.generating.wait())
-            await asyncio.wait({reached, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reached, task}, return_when=asyncio.FIRST_COMPLETED)
             reached.cancel()
-            self.task.cancel()
+            task.cancel()
             return
-        self.task.cancel()
+        task.cancel()
         # Let the turn's task take its CancelledError before we spend time on the notice and the
         # log line: the cancelled task was scheduled by cancel(), so one yield runs it first.
         await asyncio.sleep(0)
