@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bargein import AgentGenerationComplete, Bridge, ReasoningNode, SessionInfo, UserStoppedSpeaking
+from bargein import (
+    AgentGenerationComplete,
+    Bridge,
+    Event,
+    ReasoningNode,
+    SessionInfo,
+    UserStoppedSpeaking,
+)
 from bargein.agent.llm import ScriptedLLM
 from bargein.hosting.host import SessionHost
 from bargein.hosting.sessions import create_session
@@ -20,7 +27,7 @@ from bargein.hosting.worker import Worker
 from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
-from bargein.wire.envelope import new_session_id
+from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.names import TIER_REASONING
 
 from .helpers import reply_text, take_chunks, wait_for
@@ -158,3 +165,32 @@ async def test_a_session_nobody_talks_to_any_more_is_ended() -> None:
     assert await store.session_info(TIER_REASONING, quiet.session_id) is None  # forgotten everywhere
     assert await store.load_state(TIER_REASONING, quiet.session_id) is None
     await host.close_all()
+
+
+async def test_callers_on_one_edge_queue_each_hear_their_own_session(pool: Pool) -> None:
+    """As a broadcast process's callers do (and the peers bench's distributed ones): many sessions'
+    output on one edge queue, each message handed to its session's caller, none to another's."""
+    await pool.worker()
+    callers: dict[str, Caller] = {}
+
+    async def hear(envelope: Envelope, event: Event) -> None:
+        await callers[envelope.session].receive(envelope, event)
+
+    edge = await pool.client.open_edge_queue("edge-1", hear)
+    for _ in range(2):
+        caller = Caller(pool.client, new_session_id(), settle=pool.broker.settle)
+        callers[caller.session_id] = caller
+        await caller.attach(edge)
+        await create_session(
+            pool.client, pool.store, SessionInfo(caller.session_id, edge_reports_delivery=True)
+        )
+    a, b = callers.values()
+    await a.emit(UserStoppedSpeaking())
+    assert reply_text(await a.collect_turn()) == REPLY
+    assert await b.quiet(0.1) == []  # b said nothing: nothing of a's answer reached it
+    await b.emit(UserStoppedSpeaking())
+    assert reply_text(await b.collect_turn()) == REPLY
+    await b.detach()  # b's session is no longer heard here
+    await a.emit(UserStoppedSpeaking())
+    assert reply_text(await a.collect_turn()) == REPLY
+    await edge.cancel()

@@ -38,7 +38,7 @@ from bargein.agent.events import (
 )
 from bargein.agent.message import Source
 from bargein.errors import UnroutableError
-from bargein.transport.abc import Subscription, Transport
+from bargein.transport.abc import EdgeQueue, Subscription, Transport
 from bargein.voice import player
 from bargein.voice.player import FRAME_MS
 from bargein.voice.speaker import Voice
@@ -106,14 +106,21 @@ class Caller:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seq = itertools.count()
         self._edge: Subscription | None = None
+        self._edge_queue: EdgeQueue | None = None
         self.report_interval_s = report_interval_s
         self._reported_at = 0.0  # when delivery was last reported (monotonic)
         self._report_timer: asyncio.TimerHandle | None = None
         self._late_reports: set[asyncio.Task[None]] = set()
 
-    async def attach(self) -> None:
-        """Start receiving the session's output (declares the edge mailbox)."""
-        self._edge = await self.transport.open_mailbox(self.session_id, TIER_EDGE, OUT, self._on_output)
+    async def attach(self, edge: EdgeQueue | None = None) -> None:
+        """Start receiving the session's output: in an edge mailbox of its own, or, as a broadcast
+        process's callers do, from the ``edge`` queue many sessions share (whose handler hands each
+        of this session's messages to :meth:`receive`)."""
+        if edge is not None:
+            await edge.add_session(self.session_id)
+            self._edge_queue = edge
+        else:
+            self._edge = await self.transport.open_mailbox(self.session_id, TIER_EDGE, OUT, self.receive)
         if self.voice is not None:
             self._player = asyncio.create_task(self._play(), name=f"caller-voice:{self.session_id}")
 
@@ -133,6 +140,9 @@ class Caller:
         if self._edge is not None:
             await self._edge.cancel()
             self._edge = None
+        if self._edge_queue is not None:
+            await self._edge_queue.remove_session(self.session_id)
+            self._edge_queue = None
 
     async def settle(self) -> None:
         await self.report_now()
@@ -150,7 +160,8 @@ class Caller:
 
     # --- the edge --------------------------------------------------------------------------------
 
-    async def _on_output(self, envelope: Envelope, event: Event) -> None:
+    async def receive(self, envelope: Envelope, event: Event) -> None:
+        """One message of the session's output, as the edge hands it over."""
         if isinstance(event, InterruptPolicy):  # an owner starts: tell it what the caller heard
             self.policy = set(event.events)
             if self.report_delivery:

@@ -111,9 +111,9 @@ class _EdgeSession(LocalSession):
         super().__init__(agent, session_id=session_id, report_playback=True, voice=voice, loudspeaker=ear)
         self._on_interrupt = on_interrupt
 
-    async def _on_output(self, envelope: Envelope, event: Event) -> None:
+    async def receive(self, envelope: Envelope, event: Event) -> None:
         before = len(self.interrupted_turns)
-        await super()._on_output(envelope, event)
+        await super().receive(envelope, event)
         if len(self.interrupted_turns) > before:
             self._on_interrupt(self.interrupted_turns[-1])
 

@@ -44,6 +44,7 @@ import bargein
 from bargein import (
     AgentResponse,
     Bridge,
+    Event,
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
@@ -52,9 +53,11 @@ from bargein.hosting.sessions import forget_session
 from bargein.settings import BrokerSettings, load
 from bargein.testing.caller import Caller
 from bargein.testing.local import LocalSession
+from bargein.transport.abc import EdgeQueue
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
-from bargein.wire.names import IN, TIER_EDGE, TIER_REASONING
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, TIER_REASONING
 from bargein.wire.session_info import SessionInfo
 
 FRAMEWORKS = ("bargein", "bargein-distributed", "line", "pipecat")
@@ -204,8 +207,8 @@ class BargeinSession(Session):
 
 class DistributedBargeinSession(BargeinSession):
     """The same agent and caller, through RabbitMQ and Redis: one worker hosts every session of
-    the run (:class:`Distributed`), each caller is a :class:`~bargein.testing.caller.Caller` on
-    the edge's connection."""
+    the run (:class:`Distributed`), and the callers hear their sessions on one edge queue, as a
+    broadcast process's callers do."""
 
     def __init__(self, cluster: Distributed) -> None:
         self.recorder = Recorder()
@@ -213,11 +216,12 @@ class DistributedBargeinSession(BargeinSession):
         self.session_id = f"peers{uuid.uuid4().hex[:12]}"
         self.caller = Caller(cluster.edge, self.session_id, keep_received=False)
         cluster.recorders[self.session_id] = self.recorder
+        cluster.callers[self.session_id] = self.caller
         self._reader = None
 
     async def start(self) -> None:
         info = SessionInfo(self.session_id, {}, edge_reports_delivery=True)
-        await self.caller.attach()
+        await self.caller.attach(self.cluster.need_edge_queue())
         await self.cluster.worker.declare_mailbox(self.session_id, TIER_REASONING, IN)
         await self.cluster.host.open(info)
         self._reader = asyncio.create_task(self._read())
@@ -228,7 +232,6 @@ class DistributedBargeinSession(BargeinSession):
         await self.cluster.host.close(self.session_id)
         await self.caller.detach()
         await forget_session(self.cluster.worker, self.cluster.store, self.session_id, tier=TIER_REASONING)
-        await self.cluster.edge.delete_mailbox(self.session_id, TIER_EDGE)
 
 
 class Distributed:
@@ -237,6 +240,8 @@ class Distributed:
     def __init__(self, chunk_s: float) -> None:
         self.chunk_s = chunk_s
         self.recorders: dict[str, Recorder] = {}
+        self.callers: dict[str, Caller] = {}
+        self.edge_queue: EdgeQueue | None = None
 
     async def __aenter__(self) -> Distributed:
         broker = load(BrokerSettings)
@@ -249,10 +254,22 @@ class Distributed:
             return bridge
 
         self.host = SessionHost.for_agent(self.worker, self.store, agent, owner=f"peers-{os.getpid()}")
+        self.edge_queue = await self.edge.open_edge_queue(f"peers-{os.getpid()}", self._hear)
         return self
+
+    async def _hear(self, envelope: Envelope, event: Event) -> None:
+        caller = self.callers.get(envelope.session)
+        if caller is not None:
+            await caller.receive(envelope, event)
+
+    def need_edge_queue(self) -> EdgeQueue:
+        assert self.edge_queue is not None, "the cluster is entered first"
+        return self.edge_queue
 
     async def __aexit__(self, *exc: object) -> None:
         await self.host.close_all()
+        if self.edge_queue is not None:
+            await self.edge_queue.cancel()
         await self.edge.close()
         await self.worker.close()
         await self.store.close()
