@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import httpx
 import pytest
 import websockets
 
 from bargein.agent.events import AgentResponse
+from bargein.edge.tokens import Tokens
 from bargein.runtime import journal
 from bargein.transport.redis_store import RedisStateStore
-from bargein.wire.names import TIER_REASONING
+from bargein.wire.envelope import Envelope, encode
+from bargein.wire.names import EVENTS_EXCHANGE, OUT, TIER_REASONING, lease_key, routing_key
+from bargein.wire.session_info import SessionInfo
 from tests.client import Frame, chunks, connect, create_session, recv, say, until
 from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
 
 T = 15.0
+SECRET = "protocol-test-secret"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +43,7 @@ def stack(
         BARGEIN_PORT="0",
         BARGEIN_SEND_BUFFER="64",
         BARGEIN_REPORT_INTERVAL_MS="20",
-        BARGEIN_EDGE_SECRET="protocol-test-secret",
+        BARGEIN_EDGE_SECRET=SECRET,
     )
     with Cluster(env, Path(tmp_path_factory.mktemp("edge"))) as cluster:
         cluster.start()
@@ -159,6 +165,41 @@ async def test_the_same_answer_after_the_owner_dies_each_chunk_once(stack: tuple
     got = chunks(frames)
     assert [seq for _, seq, _ in got] == list(range(len(got)))  # once each, in order, no gap
     assert "".join(t for _, _, t in got) == "resume " + " ".join(f"tail{i}" for i in range(80))
+
+
+async def test_what_the_agent_says_once_the_socket_is_open_reaches_it(
+    base: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    # sessions this edge did not create (another edge did, behind the load balancer): the edge
+    # starts listening for one when a caller joins, and must do so before the socket opens, or what
+    # the agent says in between is published to nobody and lost
+    owner, sessions = "protocol-test-owner", [f"joined{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    store = RedisStateStore.from_url(redis_url)
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel(on_return_raises=True)
+        events = await channel.get_exchange(EVENTS_EXCHANGE)
+        for sid in sessions:
+            await store.register_session(TIER_REASONING, sid, SessionInfo(sid, {}).encode())
+            epoch = await store.acquire_lease(TIER_REASONING, sid, owner, 60_000)
+            assert epoch is not None
+            token = Tokens(SECRET, 3600).issue(sid, "caller")
+            async with websockets.connect(
+                f"{base.replace('http', 'ws', 1)}/v1/sessions/{sid}/ws?token={token}"
+            ) as ws:
+                chunk = Envelope.wrap(
+                    sid, AgentResponse(content=f"hello {sid}"), turn=1, seq=0, epoch=epoch, source=owner
+                )
+                # at once: unroutable (the edge not yet bound to the session) raises, with on_return_raises
+                key = routing_key(sid, OUT, "AgentResponse")
+                await events.publish(aio_pika.Message(encode(chunk)), key, mandatory=True)
+                assert (await until(ws, "agent_chunk"))["text"] == f"hello {sid}"
+    finally:
+        for sid in sessions:
+            await store.redis.delete(lease_key(TIER_REASONING, sid))
+            await store.unregister_session(TIER_REASONING, sid)
+        await store.close()
+        await connection.close()
 
 
 # --- bad input ------------------------------------------------------------------------------------

@@ -23,7 +23,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from bargein import metrics, tracing
 from bargein.edge.carriers.abc import Carrier
 from bargein.edge.core import Connection, Edge, JsonWire
-from bargein.edge.http import CLOSE_BAD_REQUEST, Refusal, admit, overloaded, read_body, websocket_base
+from bargein.edge.http import (
+    CLOSE_BAD_REQUEST,
+    CLOSE_TRY_AGAIN,
+    Refusal,
+    admit,
+    overloaded,
+    read_body,
+    websocket_base,
+)
 from bargein.edge.phone import phone_routes
 from bargein.edge.protocol import (
     AUDIO_FORMATS,
@@ -35,7 +43,7 @@ from bargein.edge.protocol import (
     frame_json,
     parse,
 )
-from bargein.edge.tokens import Tokens
+from bargein.edge.tokens import Role, Tokens
 from bargein.errors import BrokerUnavailable
 from bargein.settings import DEFAULT_MAX_BODY_BYTES
 
@@ -93,17 +101,20 @@ def create_app(
     async def session_socket(ws: WebSocket) -> None:
         session_id = ws.path_params["session_id"]
         role_param = ws.query_params.get("role", "caller")
-        await ws.accept()
         role = await admit(edge, tokens, session_id, ws.query_params.get("token"), role_param)
-        if isinstance(role, Refusal):
-            await _refuse(ws, role.frame, role.close_code)
-            return
         audio = ws.query_params.get("audio", "none")
-        if audio != "none" and audio not in AUDIO_FORMATS:
+        if not isinstance(role, Refusal) and audio != "none" and audio not in AUDIO_FORMATS:
             edge.count("bad_audio_formats")
             formats = ", ".join(("none", *AUDIO_FORMATS))
             bad = ErrorFrame(code=ErrorCode.BAD_AUDIO_FORMAT, message=f"audio must be one of {formats}")
-            await _refuse(ws, bad, CLOSE_BAD_REQUEST)
+            role = Refusal(bad, CLOSE_BAD_REQUEST)
+        if not isinstance(role, Refusal):
+            # listen before the socket opens: from the moment the client sees it open, whatever the
+            # agent says reaches it (a session another edge created is not bound here yet)
+            role = await _listen(session_id, role)
+        await ws.accept()
+        if isinstance(role, Refusal):
+            await _refuse(ws, role.frame, role.close_code)
             return
         reports = ws.query_params.get("reports") == "played"
         hears = None if audio == "none" else audio
@@ -120,6 +131,16 @@ def create_app(
             pass
         finally:
             edge.leave(connection)
+
+    async def _listen(session_id: str, role: Role) -> Role | Refusal:
+        try:
+            await edge.listen(session_id)
+        except Exception as exc:  # the broker is away (a restart): the client may retry
+            edge.count("joins_unavailable")
+            log.warning("session %s: cannot listen for it now: %s: %s", session_id, type(exc).__name__, exc)
+            busy = ErrorFrame(code=ErrorCode.UNAVAILABLE, message="the session cannot be joined now; retry")
+            return Refusal(busy, CLOSE_TRY_AGAIN)
+        return role
 
     async def _handle_incoming(incoming: Mapping[str, Any], connection: Connection) -> ErrorFrame | None:
         if connection.role != "caller":

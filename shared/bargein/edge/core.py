@@ -586,6 +586,10 @@ class Edge:
             await self.queue.add_session(session_id)
         return session
 
+    async def listen(self, session_id: str) -> None:
+        """Receive ``session_id``'s output in this process from now on (a caller is about to join)."""
+        await self._track(session_id)
+
     async def known(self, session_id: str) -> bool:
         return (
             session_id in self.sessions
