@@ -60,6 +60,7 @@ RATIO_TARGET = 0.70  # of the raw hop's rate
 LEASE_MS = 600_000
 CHUNK_TEXT = "and the forecast "  # about the size of a coalesced chunk
 PROBE_EVERY_S = 0.5
+STALL_S = 30.0  # no chunk arriving for this long: they are lost, not late
 
 
 class _Counter:
@@ -87,11 +88,17 @@ async def _publish_windowed(
         await publish(body, key)
 
 
-async def _wait_received(counter: _Counter, total: int, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while counter.received < total:
-            counter.room.clear()
-            await counter.room.wait()
+async def _wait_received(counter: _Counter, total: int, stall_s: float = STALL_S) -> None:
+    """Until ``total`` chunks have arrived; a run in which none arrives for ``stall_s`` has lost
+    some, and fails saying how many came rather than waiting on."""
+    while counter.received < total:
+        counter.room.clear()
+        try:
+            await asyncio.wait_for(counter.room.wait(), stall_s)
+        except TimeoutError:
+            raise BenchError(
+                f"{counter.received} of {total} chunks arrived, then none for {stall_s:.0f} s: lost"
+            ) from None
 
 
 class _ThroughputBench:
@@ -163,7 +170,7 @@ class _ThroughputBench:
         started = time.perf_counter()
         try:
             await _publish_windowed(bodies, publish, counter, self.window)
-            await _wait_received(counter, self.n_chunks, timeout=120)
+            await _wait_received(counter, self.n_chunks)
         finally:
             draining.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -261,7 +268,7 @@ class _ThroughputBench:
         started = time.perf_counter()
         try:
             await _publish_windowed(bodies, publish, counter, self.window)
-            await _wait_received(counter, self.n_chunks, timeout=300)
+            await _wait_received(counter, self.n_chunks)
             rate = self.n_chunks / (time.perf_counter() - started)
         finally:
             stop.set()
