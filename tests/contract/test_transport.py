@@ -289,6 +289,30 @@ async def test_a_handler_that_is_not_the_owner_puts_the_message_back_and_stops(
     assert not current.alive
 
 
+async def test_what_a_thawed_consumer_puts_back_reaches_the_owner_already_waiting_behind_it(
+    bus: Bus, session: Session
+) -> None:
+    # the thawed process still holds the mailbox (single active consumer) when a message comes;
+    # the adopter subscribed during the pause and waits behind it: it gets that message and the rest
+    s = session()
+    publisher, thawed, owner = await bus.transport(), await bus.transport(), await bus.transport()
+    refused: list[str] = []
+
+    async def not_mine(envelope: Envelope, event: Event) -> None:
+        refused.append(getattr(event, "content", ""))
+        raise NotOwner("paused past its lease")
+
+    stale = await thawed.open_mailbox(s, TIER_REASONING, IN, not_mine)
+    seen: Seen = []
+    current = await owner.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    for i in range(3):
+        await publisher.publish(Envelope.wrap(s, text(f"question {i}")), IN)
+    await until(lambda: len(seen) == 3)
+    assert contents(seen) == ["question 0", "question 1", "question 2"]
+    assert not stale.alive and refused and set(refused) <= {"question 0"}
+    await current.cancel()
+
+
 async def test_a_full_mailbox_holds_its_publisher_back_until_there_is_room(
     bus: Bus, session: Session
 ) -> None:

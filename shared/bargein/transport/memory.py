@@ -20,6 +20,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -129,6 +130,9 @@ class _Mailbox:
     # an asyncio.Event asks for the running loop at every wait, a system call on Python 3.11)
     waiter: asyncio.Future[None] | None = None
     consumer: asyncio.Task[None] | None = None
+    # consumers waiting for the single active slot, first come first served, as RabbitMQ's
+    # x-single-active-consumer keeps them: an adopter subscribes while a paused owner still holds it
+    standby: collections.deque[_MemorySubscription] = field(default_factory=collections.deque)
 
     def put(self, item: _Item) -> bool:
         """Queue ``item``; False if the oldest waiting item was dropped to make room."""
@@ -149,6 +153,20 @@ class _Mailbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         return not dropped
+
+    def promote(self) -> None:
+        """The active consumer stopped: the first one waiting takes over, from the head."""
+        if self.consumer is None and self.standby:
+            self.standby.popleft().activate()
+
+    async def stop(self) -> None:
+        """The broker's side: every consumer of the mailbox is gone (deleted, closed)."""
+        self.standby.clear()
+        task, self.consumer = self.consumer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def arrival(self, loop: asyncio.AbstractEventLoop) -> None:
         """Return once there is an item."""
@@ -278,25 +296,41 @@ class _MemoryEdgeQueue(EdgeQueue):
 
     async def cancel(self) -> None:
         for box in self._boxes.values():
-            await _MemorySubscription(box).cancel()
+            await box.stop()
             self._broker.mailboxes.pop(box.name, None)
 
 
 class _MemorySubscription(Subscription):
-    def __init__(self, box: _Mailbox) -> None:
+    """One consumer of a session's mailbox: the active one, or one waiting for its slot."""
+
+    def __init__(self, box: _Mailbox, consume: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._box = box
-        self._task = box.consumer
+        self._consume = consume
+        self._task: asyncio.Task[None] | None = None
+
+    def activate(self) -> None:
+        self._task = self._box.consumer = asyncio.create_task(
+            self._consume(), name=f"consume:{self._box.name}"
+        )
 
     @property
     def alive(self) -> bool:
+        if self in self._box.standby:
+            return True
         return self._task is not None and self._box.consumer is self._task and not self._task.done()
 
     async def cancel(self) -> None:
-        task, self._box.consumer = self._box.consumer, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        box, task = self._box, self._task
+        if self in box.standby:
+            box.standby.remove(self)
+            return
+        if task is None or box.consumer is not task:
+            return  # stopped already (NotOwner, or the mailbox went)
+        box.consumer = None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        box.promote()
 
 
 class MemoryTransport(Transport):
@@ -348,10 +382,12 @@ class MemoryTransport(Transport):
         name = mailbox_queue(tier, session)
         await self.declare_mailbox(session, tier, direction)
         box = self.broker.mailboxes[name]
-        if box.consumer is not None:
-            raise RuntimeError(f"mailbox {name} already has a consumer (single active consumer)")
-        box.consumer = asyncio.create_task(self._consume(box, handler), name=f"consume:{name}")
-        return _MemorySubscription(box)
+        subscription = _MemorySubscription(box, functools.partial(self._consume, box, handler))
+        if box.consumer is None:
+            subscription.activate()
+        else:
+            box.standby.append(subscription)
+        return subscription
 
     async def _consume(self, box: _Mailbox, handler: Handler) -> None:
         broker, loop = self.broker, asyncio.get_running_loop()
@@ -372,6 +408,7 @@ class MemoryTransport(Transport):
                     raise  # not acked: stays at the head for the next consumer
                 except NotOwner:
                     box.consumer = None  # the message stays at the head; this consumer is done
+                    box.promote()
                     return
                 except Exception as exc:
                     log.exception("handler failed on %s", envelope.type)
@@ -424,12 +461,12 @@ class MemoryTransport(Transport):
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         box = self.broker.mailboxes.pop(mailbox_queue(tier, session), None)
-        if box is not None and box.consumer is not None:
-            await _MemorySubscription(box).cancel()
+        if box is not None:
+            await box.stop()
 
     async def close(self) -> None:
         for box in list(self.broker.mailboxes.values()):
-            await _MemorySubscription(box).cancel()
+            await box.stop()
 
 
 class _MemoryHeartbeat(Heartbeat):
