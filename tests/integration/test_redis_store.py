@@ -4,6 +4,7 @@ do to them, and its client requirements. The behaviour every StateStore shares i
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import get_args
 
@@ -14,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.errors import StaleEpochError
 from bargein.transport.abc import Renewal
-from bargein.transport.redis_store import RedisStateStore
+from bargein.transport.redis_store import RedisStateStore, _ThreadHeartbeat
 from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
 
 TIER: Tier = "reasoning"
@@ -326,3 +327,31 @@ async def test_a_thousand_leases_renew_in_one_go_while_a_small_pool_is_busy(
         assert len(renewed) == 1000
     finally:
         await store.close()
+
+
+# --- the heartbeat --------------------------------------------------------------------------------
+
+
+async def test_a_heartbeat_that_beats_again_after_a_break_says_since_when_it_is_seen_alive(
+    redis_store: RedisStateStore, new_session: SessionFactory
+) -> None:
+    # a process paused past its liveness TTL: its heartbeat's thread beats again the moment it
+    # thaws, but the others may have taken its sessions during the break; alive_since tells
+    worker = new_session("worker")
+    beat = redis_store.keep_alive(TIER, worker, SHORT_TTL_MS)
+    assert isinstance(beat, _ThreadHeartbeat)
+    try:
+        since = beat.alive_since
+        await asyncio.sleep(LAPSE_S)
+        assert beat.alive_since == since  # beating all along: no break
+        assert worker not in await redis_store.dead_workers(TIER)
+        beat._stopped.set()  # the thread stops beating (as SIGSTOP stops it), its key expires...
+        beat._thread.join()
+        await asyncio.sleep(LAPSE_S)
+        assert worker in await redis_store.dead_workers(TIER)
+        thawed_at = time.monotonic()
+        beat._beat()  # ...and it beats again
+        assert beat.alive_since >= thawed_at and time.monotonic() < beat.alive_until
+    finally:
+        beat.stop()
+        await redis_store.forget_worker(TIER, worker)

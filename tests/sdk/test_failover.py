@@ -8,7 +8,11 @@ the last checkpoint, exactly as another worker would.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from typing import Any
+
+import pytest
 
 from bargein import (
     AgentGenerationComplete,
@@ -16,8 +20,13 @@ from bargein import (
     Message,
     ReasoningNode,
     UserStartedSpeaking,
+    UserTranscriptionReceived,
 )
+from bargein.agent.message import Source
+from bargein.errors import NotOwner
 from bargein.testing import LocalSession
+from bargein.transport.abc import Heartbeat
+from bargein.wire.envelope import Envelope
 
 from ..agents import interruptible_agent, scripted
 from .helpers import ask, history, reply_text, take_chunks, wait_for
@@ -141,3 +150,28 @@ async def test_a_barge_in_while_nobody_owns_the_session_keeps_exactly_what_was_h
         assert history(s) == [("user", "q1"), ("assistant", heard), ("user", "q2"), ("assistant", SECOND)]
         await ask(s, "q3")
         assert reply_text(await _rest_of_turn(s)) == THIRD
+
+
+class _Thawed(Heartbeat):
+    """A heartbeat beating again after a break that began now (a process paused, then thawed)."""
+
+    def __init__(self) -> None:
+        self.alive_until = math.inf
+        self.alive_since = time.monotonic()
+
+    def stop(self) -> None:
+        pass
+
+
+async def test_after_a_break_in_its_heartbeat_an_owner_acts_on_nothing_until_its_lease_is_confirmed() -> None:
+    async with LocalSession(agent) as s:
+        runtime = s.runtime
+        runtime.liveness = _Thawed()  # the others may have taken the session during the break
+        said = UserTranscriptionReceived(content="are you there?")
+        envelope = Envelope.wrap(s.session_id, said, source=Source.USER)
+        with pytest.raises(NotOwner):
+            await runtime.handle(envelope, said)
+        assert runtime.counters["not_owner"] == 1
+        runtime.lease_confirmed_at = time.monotonic()  # the next renewal found the lease still ours
+        await runtime.handle(envelope, said)
+        assert runtime.counters["not_owner"] == 1

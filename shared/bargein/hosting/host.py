@@ -163,7 +163,7 @@ class SessionHost:
                 info, self.transport, self.store, epoch, self.owner, self.tier, self.state_ttl_ms, self._ended
             )
         )
-        runtime.lease_deadline = self._deadline(acquired_at)
+        runtime.lease_deadline, runtime.lease_confirmed_at = self._deadline(acquired_at), acquired_at
         runtime.liveness = self.heartbeat
         owned = _Owned(info, runtime, _NoSubscription())
         self.sessions[sid] = owned  # its lease is renewed from now on
@@ -309,7 +309,7 @@ class SessionHost:
             owned.runtime.fenced = True
             self._spawn(self.close(session_id, release=False, checkpoint=False))
             return
-        owned.runtime.lease_deadline = self._deadline(asked_at)
+        owned.runtime.lease_deadline, owned.runtime.lease_confirmed_at = self._deadline(asked_at), asked_at
         if result is Renewal.RESTORED:
             log.warning(
                 "session %s: its lease was gone from Redis; taken again, writing its records back",

@@ -105,6 +105,7 @@ class SessionRuntime(SessionProcessor):
         self.closed = False
         self.last_activity = time.monotonic()
         self.lease_deadline = math.inf  # set by the host (SessionProcessor)
+        self.lease_confirmed_at = math.inf  # set by the host too: until then, no heartbeat is older
         self.liveness: Heartbeat | None = None
         self._dirty = False
         self._checkpoint_lock = asyncio.Lock()
@@ -250,7 +251,7 @@ class SessionRuntime(SessionProcessor):
         """Transport handler: returns once the event has been dispatched (not once routes are done
         with it), so the next event, an interrupt above all, is never held up by a route's work."""
         now = self.last_activity = time.monotonic()
-        if self.fenced or now >= self.lease_deadline or (self.liveness and now >= self.liveness.alive_until):
+        if not self.surely_owned(now):
             self.count("not_owner")  # thawed after a pause, say: another process may own it now
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         bound = tracing.SESSION.set(self.session_id)

@@ -90,6 +90,7 @@ class SpeechSession(SessionProcessor):
         self.fenced = False
         self.last_activity = time.monotonic()
         self.lease_deadline = math.inf  # set by the host (SessionProcessor)
+        self.lease_confirmed_at = math.inf  # set by the host too: until then, no heartbeat is older
         self.liveness: Heartbeat | None = None
         self.settings = settings
         self.batcher = batcher
@@ -211,7 +212,7 @@ class SpeechSession(SessionProcessor):
         batcher, in which case it waits for room (so excess audio waits in the bounded mailbox,
         where the oldest is dropped, instead of here)."""
         now = self.last_activity = time.monotonic()
-        if self.fenced or now >= self.lease_deadline or (self.liveness and now >= self.liveness.alive_until):
+        if not self.surely_owned(now):
             self.counters["not_owner"] += 1  # thawed after a pause, say: another process may own it now
             raise NotOwner(f"session {self.session_id}: this process may no longer own it")
         if isinstance(event, EndCall):  # the call is over: stop owning it (the mailbox hears this one)

@@ -120,9 +120,12 @@ class Heartbeat(ABC):
 
     ``alive_until`` (``time.monotonic()``) is how long the others surely still see this worker as
     alive: past it (the process was paused, or Redis was unreachable), they may have taken its
-    sessions, and it must not act on them before it has checked its leases."""
+    sessions, and it must not act on them before it has checked its leases. ``alive_since`` is when
+    the others last began to see it alive without a break: a lease confirmed before that may have
+    been taken over during the break, though the heartbeat beats again now."""
 
     alive_until: float
+    alive_since: float
 
     @abstractmethod
     def stop(self) -> None: ...
@@ -293,7 +296,18 @@ class SessionProcessor(ABC):
     # Set by the host: the processor handles a message only before both (else NotOwner), so a
     # process thawed after a pause acts on nothing another process may own by now.
     lease_deadline: float  # time.monotonic() until which the lease surely holds
+    lease_confirmed_at: float  # time.monotonic() when the lease was last asked for, and held
     liveness: Heartbeat | None  # this worker's heartbeat
+
+    def surely_owned(self, now: float) -> bool:
+        """Whether to act on a message now. Not once the lease is lost or may have run out; nor
+        while this worker's heartbeat has had a break since the lease was last confirmed: a
+        process paused past its liveness TTL is taken over, and the heartbeat's thread beats again
+        the moment it thaws, before the event loop has renewed a lease and heard it lost."""
+        if self.fenced or now >= self.lease_deadline:
+            return False
+        beat = self.liveness
+        return beat is None or (now < beat.alive_until and beat.alive_since <= self.lease_confirmed_at)
 
     @abstractmethod
     async def start(self) -> None:

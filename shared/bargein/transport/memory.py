@@ -474,6 +474,7 @@ class _MemoryHeartbeat(Heartbeat):
         self._alive = alive
         self._key = key
         self.alive_until = math.inf  # nothing pauses a process in a test
+        self.alive_since = -math.inf
 
     def stop(self) -> None:
         self._alive.discard(self._key)

@@ -405,7 +405,7 @@ class _ThreadHeartbeat(Heartbeat):
     def __init__(self, url: str, tier: Tier, owner: str, ttl_ms: int, timeout_s: float) -> None:
         self._client = sync_client(url, timeout_s=timeout_s)
         self._tier, self._owner, self._ttl_ms = tier, owner, ttl_ms
-        self.alive_until = 0.0
+        self.alive_until = self.alive_since = 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat:{owner}", daemon=True)
         self._beat()  # alive before anyone could look
@@ -417,6 +417,8 @@ class _ThreadHeartbeat(Heartbeat):
         pipe.set(worker_alive_key(self._tier, self._owner), b"1", px=self._ttl_ms)
         pipe.hset(workers_key(self._tier), self._owner, str(time.time()))
         pipe.execute()
+        if asked_at >= self.alive_until:  # the last beat's key may have expired first: a break
+            self.alive_since = asked_at
         # the others see us alive until the key expires: from when we asked, less a little spare
         self.alive_until = asked_at + 0.8 * self._ttl_ms / 1000
 
