@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format fixtures lock clean
+.PHONY: install demo test test-faults lint format fixtures lock clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing bargein (first run only)"
@@ -32,9 +32,15 @@ $(CHECKOV_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/bargein demo
 
-## Lint, type-check, then every test (integration tests need RabbitMQ and Redis; see README).
+## Lint, type-check, then every test but the fault tests (integration tests need RabbitMQ and
+## Redis; see README).
 test: lint $(CHECKOV_STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not faults"
+
+## The fault tests (tests/faults): the services on brokers of their own, killed, paused, restarted.
+## They take minutes more than the rest, so they have a target of their own; CI runs both.
+test-faults: $(STAMP)
+	$(BIN)/pytest -m faults
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared services tests scripts
