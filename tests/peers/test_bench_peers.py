@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bargein.tools.bench_peers import main
+from bargein.tools.bench_peers import main, round_ratios
 
 
 @pytest.fixture
@@ -48,3 +49,17 @@ def test_every_framework_runs_the_workload_and_is_measured(
 def test_bad_settings_are_refused() -> None:
     assert main("x", 1.0, 1) == 2  # a bad --sessions
     assert main("2", 0.0, 1) == 2  # no time to measure
+
+
+def test_each_round_compares_bargein_with_the_cheaper_peer_of_that_round() -> None:
+    def run(cpu_s: float, chunks: int = 1000) -> dict[str, Any]:
+        return {"cpu_s": cpu_s, "chunks": chunks}
+
+    runs: dict[str, list[dict[str, Any]]] = {
+        "bargein": [run(0.2), run(0.3), {"error": "exit 1"}],
+        "line": [run(0.25), run(0.2), run(0.2)],
+        "pipecat": [run(0.1), {"error": "not installed"}, run(0.2)],
+    }
+    # round 1: Pipecat was cheaper (2x); round 2: only Line ran (1.5x); round 3: bargein did not run
+    assert round_ratios(runs) == pytest.approx([2.0, 1.5])
+    assert round_ratios({"bargein": [run(0.2)]}) == []  # no peer: nothing to compare

@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         "peers", help="bargein beside Line 0.1.12 and Pipecat 1.14: interrupt latency, CPU per chunk"
     )
     peers.add_argument("--sessions", default="50,200", help="comma-separated session counts (default 50,200)")
-    peers.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run (default 5)")
-    peers.add_argument("--rounds", type=_positive, default=2, help="interleaved rounds (default 2)")
+    peers.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (default 8)")
+    peers.add_argument("--rounds", type=_positive, default=3, help="interleaved rounds (default 3)")
     peers.add_argument("--chunk-ms", type=float, default=20.0, help="a chunk this often per session")
     peers.add_argument("--json", dest="json_path", help="write every number to this file")
     peers.add_argument("--plot", dest="plot_path", help="draw the latency distributions to this PNG")
