@@ -292,8 +292,8 @@ async def test_a_handler_that_is_not_the_owner_puts_the_message_back_and_stops(
 async def test_what_a_thawed_consumer_puts_back_reaches_the_owner_already_waiting_behind_it(
     bus: Bus, session: Session
 ) -> None:
-    # the thawed process still holds the mailbox (single active consumer) when a message comes;
-    # the adopter subscribed during the pause and waits behind it: it gets that message and the rest
+    # the thawed process still consumes the mailbox when a message comes; the adopter subscribed
+    # during the pause: it gets that message and the rest, in order
     s = session()
     publisher, thawed, owner = await bus.transport(), await bus.transport(), await bus.transport()
     refused: list[str] = []

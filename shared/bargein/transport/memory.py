@@ -130,8 +130,10 @@ class _Mailbox:
     # an asyncio.Event asks for the running loop at every wait, a system call on Python 3.11)
     waiter: asyncio.Future[None] | None = None
     consumer: asyncio.Task[None] | None = None
-    # consumers waiting for the single active slot, first come first served, as RabbitMQ's
-    # x-single-active-consumer keeps them: an adopter subscribes while a paused owner still holds it
+    # consumers waiting for the one consuming now to stop (NotOwner, cancel), first come first
+    # served: an adopter subscribed while the old owner still consumed. RabbitMQ hands a mailbox's
+    # messages to all its consumers in turn (no single-active-consumer: amqp.py says why), but the
+    # old one takes one at most, refuses it and stops; in one process nothing pauses a consumer
     standby: collections.deque[_MemorySubscription] = field(default_factory=collections.deque)
 
     def put(self, item: _Item) -> bool:
@@ -301,7 +303,7 @@ class _MemoryEdgeQueue(EdgeQueue):
 
 
 class _MemorySubscription(Subscription):
-    """One consumer of a session's mailbox: the active one, or one waiting for its slot."""
+    """One consumer of a session's mailbox: the one consuming, or one waiting for it to stop."""
 
     def __init__(self, box: _Mailbox, consume: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._box = box
