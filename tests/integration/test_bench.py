@@ -46,6 +46,9 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
     assert isinstance(result["p50_met"], bool) and isinstance(result["p99_met"], bool)
     assert result["sessions"] == SESSIONS and result["workers"] == 1
     assert result["chunks_per_s"] > 0
+    # the worker's share of a core while it streamed (Linux's /proc), and its rate a core
+    assert 0 < result["worker_cores"] < 1.5 and result["chunks_per_worker_core"] > result["chunks_per_s"]
+    assert "of a core" in report
 
     assert "interrupt → CancelledError" in report
     assert "raw publish → consume" in report

@@ -57,6 +57,7 @@ from bargein.tools.benchkit import (
     Child,
     Processes,
     check_work_queue,
+    cpu_seconds,
     run_main,
     say,
     summarize,
@@ -113,6 +114,7 @@ BENCH_AGENT = "bargein.tools.bench_agents:agent"
 
 P50_TARGET = 1.5
 P99_TARGET = 2.0
+WORKER_RATE_TARGET = 5_000  # chunks/s one reasoning worker (one process: one core) carries
 
 RESULTS_TIMEOUT_S = 15.0  # how long to wait for the last samples to be reported
 END_TIMEOUT_S = 10.0  # how long the workers get to forget the ended sessions
@@ -209,6 +211,7 @@ class _InterruptBench:
         self.raw_connection: AbstractRobustConnection | None = None
         self.raw_channel: AbstractChannel | None = None
         self.workers: list[Child] = []
+        self.worker_cores: float | None = None  # cores the workers used while sampling
         self.created: list[str] = []
         self.sent_interrupts = 0
         self.sent_raw = 0
@@ -349,15 +352,21 @@ class _InterruptBench:
         await self.raw_channel.default_exchange.publish(message, routing_key=raw_hop_queue(self.run_id))
         self.sent_raw += 1
 
+    def workers_cpu(self) -> float | None:
+        """CPU seconds the reasoning workers have used so far (None if that cannot be read)."""
+        used = [cpu_seconds(child.proc.pid) for child in self.workers]
+        return None if None in used else sum(u for u in used if u is not None)
+
     async def sample(self) -> float:
-        """Interleave interrupts and raw messages; return the edge's chunks/s meanwhile."""
+        """Interleave interrupts and raw messages; return the edge's chunks/s meanwhile (and keep
+        how much of a core the workers used meanwhile in ``worker_cores``)."""
         self.say(
             f"sampling: {self.n_samples} interrupts and {self.n_samples} raw hops, "
             f"one of each every {self.sample_interval_s * 1000:.0f} ms"
         )
         loop = asyncio.get_running_loop()
         every = max(1, self.n_samples // 10)
-        chunks_before, started = self.edge.chunks, time.monotonic()
+        chunks_before, started, cpu_before = self.edge.chunks, time.monotonic(), self.workers_cpu()
         tick = loop.time()
         for i in range(self.n_samples):
             tick += self.sample_interval_s
@@ -373,7 +382,9 @@ class _InterruptBench:
                 rate = (self.edge.chunks - chunks_before) / elapsed if elapsed > 0 else 0.0
                 self.say(f"  {i + 1}/{self.n_samples} samples sent ({rate:.0f} chunks/s at the edge)")
                 self.processes.check()
-        elapsed = time.monotonic() - started
+        elapsed, cpu_after = time.monotonic() - started, self.workers_cpu()
+        if cpu_before is not None and cpu_after is not None and elapsed > 0:
+            self.worker_cores = (cpu_after - cpu_before) / elapsed
         return (self.edge.chunks - chunks_before) / elapsed if elapsed > 0 else 0.0
 
     async def collect(self) -> tuple[list[float], list[float]]:
@@ -423,6 +434,7 @@ class _InterruptBench:
             "p99_met": ratio_p99 <= P99_TARGET,
             "chunks_per_s": chunks_per_s,
             "nominal_chunks_per_s": nominal,
+            "worker_cores": self.worker_cores,
         }
         rows = [("interrupt → CancelledError", cancel), ("raw publish → consume", hop)]
         lines = [
@@ -438,6 +450,14 @@ class _InterruptBench:
             f"{self.n_sessions} streaming sessions, {self.n_workers} worker(s), {chunks_per_s:.0f} chunks/s "
             f"at the edge during sampling (nominal {nominal:.0f})",
         ]
+        if self.worker_cores is not None:
+            per_core = chunks_per_s / self.worker_cores if self.worker_cores > 0 else math.inf
+            result["chunks_per_worker_core"] = per_core
+            met = verdict(self.n_workers == 1 and chunks_per_s >= WORKER_RATE_TARGET)
+            lines.append(
+                f"the worker(s) used {self.worker_cores:.0%} of a core: {per_core:,.0f} chunks/s a core "
+                f"(one worker carrying >= {WORKER_RATE_TARGET:,} chunks/s, target: {met})"
+            )
         lost = (self.sent_interrupts - cancel["count"], self.sent_raw - hop["count"])
         if any(lost):
             lines.append(f"missing samples: {lost[0]} interrupt, {lost[1]} raw")

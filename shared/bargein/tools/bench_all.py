@@ -62,7 +62,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("interrupt", "--chunk-ms", "20"),
         ("interrupt", "--sessions", "4", "--samples", "5", "--chunk-ms", "20"),
         "the same under load: 200 sessions streaming a chunk every 20 ms through one worker",
-        r"target|count\s+p50|CancelledError|raw publish|streaming sessions, \d+ worker",
+        r"target|count\s+p50|CancelledError|raw publish|streaming sessions, \d+ worker|of a core",
     ),
     Scenario(
         "throughput",
@@ -96,7 +96,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         ("peers",),
         ("peers", "--sessions", "2", "--seconds", "1", "--rounds", "1"),
         "bargein in process and distributed beside Line 0.1.12 and Pipecat 1.14: interrupts, CPU a chunk",
-        r"target|^\s+(framework|bargein|line|pipecat)\S*\s|^S=",
+        r"target|^\s+(framework|bargein|line|pipecat)\S*\s|^S=|round by round",
         plots=True,
     ),
     Scenario(

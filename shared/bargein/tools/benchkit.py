@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TextIO
 
 from aio_pika.abc import AbstractRobustConnection
@@ -172,6 +173,16 @@ class Processes:
         if running:
             codes = ", ".join(f"{c.name} {c.proc.returncode}" for c in running)
             say(self.out, f"  stopped {len(running)} processes (exit codes: {codes})")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) process ``pid`` has used so far, from Linux's ``/proc``
+    (the field numbers are proc(5)'s); None where there is no such file."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def verdict(met: bool) -> str:
