@@ -357,3 +357,24 @@ async def test_what_was_heard_is_reported_before_the_stop_button_and_the_cut_at_
     finally:
         await mailbox.cancel()
         await edge.stop()
+
+
+async def test_a_session_ending_slowly_holds_up_no_other_sessions_output() -> None:
+    # the edge hears a session's output in order, from one queue for all its sessions: ending a
+    # call (the last frames sent, the socket closed, the records removed) must happen aside, or a
+    # caller slow to take its last frames holds every other caller's answer up
+    edge = await make_edge()
+    try:
+        slow, other = FakeSocket(stuck=True), FakeSocket()
+        await edge.join("ending", JsonWire(slow), "caller", False)  # type: ignore[arg-type]
+        await edge.join("talking", JsonWire(other), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "ending", AgentResponse(content="bye"), turn=1, seq=0, epoch=1)
+        async with asyncio.timeout(0.5):  # well before the ending's 2 s for its last frames
+            await push(edge, "ending", EndCall(reason="done"), epoch=1)
+            await push(edge, "talking", AgentResponse(content="hello"), turn=1, seq=0, epoch=1)
+            await wait_for(lambda: [f.get("text") for f in other.sent] == ["hello"])
+        slow.unblock.set()  # the slow caller takes its frames after all: its call ends as usual
+        await wait_for(lambda: slow.closed_with == 1000)
+        assert [f["type"] for f in slow.sent] == ["agent_chunk", "ended"]
+    finally:
+        await edge.stop()

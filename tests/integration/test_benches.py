@@ -153,6 +153,9 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
     assert re.search(r"sessions created per second \(with the first answer\): \d", sessions), sessions
     for service in ("reasoning", "speech", "broadcast", "rabbitmq", "redis"):  # each measured here
         assert re.search(rf"^\s+{service}\s+\d", sessions, re.MULTILINE), (service, sessions)
+    # measured with every caller still on the line; each hung up, and the services ended each session
+    assert re.search(r"\((\d+) sessions, \1 callers connected\)", sessions), sessions
+    assert "could not hang up" not in sessions and "had not ended" not in sessions, sessions
     # the speech-to-text bench's report, whole (it has no other smoke test)
     stt = "\n".join(outcomes["stt"]["output"])
     assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", stt), stt

@@ -156,18 +156,21 @@ class Outbox:
         self.limit = limit
         self.frames: collections.deque[Frame] = collections.deque()
         self._ready = asyncio.Event()
+        self._sent = asyncio.Event()  # set while the writer waits with nothing left to send
 
     def put(self, frame: Frame) -> bool:
         if len(self.frames) >= self.limit:
             return False
         self.frames.append(frame)
         self._ready.set()
+        self._sent.clear()
         return True
 
     def put_first(self, frame: Frame) -> None:
         """Control frames (``clear``, errors) go ahead of everything queued, whatever the limit."""
         self.frames.appendleft(frame)
         self._ready.set()
+        self._sent.clear()
 
     def purge_audio(self) -> None:
         """The client's buffer was cleared for a pause: the audio queued behind is sent again later."""
@@ -180,10 +183,16 @@ class Outbox:
         return dropped
 
     async def get(self) -> Frame:
+        """The next frame (for the writer, which asks again once it has sent the last one)."""
         while not self.frames:
+            self._sent.set()
             self._ready.clear()
             await self._ready.wait()
         return self.frames.popleft()
+
+    async def all_sent(self) -> None:
+        """Return once the writer has sent everything queued and waits for more."""
+        await self._sent.wait()
 
 
 class Wire(Protocol):
@@ -285,10 +294,12 @@ class Connection:
 
     async def close_when_sent(self, code: int = 1000, within_s: float = 2.0) -> None:
         """Close once what is queued for this connection has gone out (or ``within_s`` has passed)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(within_s):
-                while self.outbox.frames and not self.closed:  # noqa: ASYNC110 - a short drain
-                    await asyncio.sleep(0.01)
+        if not self.closed and self.writer is not None and not self.writer.done():
+            # waited for, not polled: a thousand callers hanging up at once polling every 10 ms
+            # kept the event loop too busy to send what they were waiting for
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within_s):
+                    await self.outbox.all_sent()
         await self.close(code)
 
     async def close(self, code: int = 1000, last: AnyServerFrame | None = None) -> None:
@@ -550,11 +561,10 @@ class Edge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.load.stop()
-        for session in list(self.sessions.values()):
-            for connection in list(session.connections):
-                await connection.close(
-                    CLOSE_GOING_AWAY, ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
-                )
+        going = ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
+        connections = [c for session in self.sessions.values() for c in session.connections]
+        # all at once: one by one, each may take its close's time-out, and a thousand took minutes
+        await asyncio.gather(*(c.close(CLOSE_GOING_AWAY, going) for c in connections))
         if self.queue is not None:
             await self.queue.cancel()
             self.queue = None
@@ -715,7 +725,7 @@ class Edge:
             if session.fence.admit(envelope):
                 session.broadcast(action_frame(envelope, event))
                 if isinstance(event, TransferCall):  # the line goes elsewhere: this call is over
-                    await self._end(session, "transferred")
+                    self.spawn(self._end(session, "transferred"))
             else:
                 self.count("dropped_chunks")
         elif isinstance(event, AgentGenerationComplete):
@@ -728,10 +738,13 @@ class Edge:
         elif isinstance(event, AgentError):
             session.broadcast(ErrorFrame(code=ErrorCode.AGENT_ERROR, message=event.message))
         elif isinstance(event, EndCall):
+            # ended aside (its connections' last frames, the speech tier's records, the bindings):
+            # awaited here it held up every other session's output (one consumer drains the queue
+            # in order), and when a thousand callers hung up at once, for minutes
             if envelope.source in Source.CALLER_SIDE:
-                await self._end(session, "caller")
+                self.spawn(self._end(session, "caller"))
             else:
-                await self._end(session, "rejected" if event.reason == EndCall.REJECTED else "agent")
+                self.spawn(self._end(session, "rejected" if event.reason == EndCall.REJECTED else "agent"))
 
     async def _new_owner(self, session: EdgeSession, envelope: Envelope) -> bool:
         """A message says the session has a new owner (a higher epoch). Believe it only if the state
@@ -854,7 +867,7 @@ class Edge:
             await self._publish(sid, DTMFInputEvent(button=message.button))
         elif isinstance(message, End):
             await self._publish(sid, EndCall(reason="the caller hung up"))
-            await self._end(session, "caller")
+            self.spawn(self._end(session, "caller"))  # aside: the caller's socket closes meanwhile
         return None
 
     # --- background ------------------------------------------------------------------------------

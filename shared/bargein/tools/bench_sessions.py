@@ -92,6 +92,7 @@ class _SessionsBench:
         self.env = scripted_stack_env(rabbitmq_url, redis_url, BARGEIN_MAX_SESSIONS=str(sessions + 50))
         self.children: dict[str, Child] = {}
         self.sockets: list[ClientConnection] = []
+        self.readers: list[asyncio.Task[None]] = []  # each caller reads what it is sent, as a client does
         self.session_ids: list[str] = []
         self.redis: aioredis.Redis | None = None
 
@@ -119,6 +120,18 @@ class _SessionsBench:
         async with asyncio.timeout(T):
             while json.loads(await ws.recv())["type"] != "agent_chunk":
                 pass
+        # the rest is read and dropped: a caller that stops reading fills its socket's queue, misses
+        # the keepalive pings and is dropped after a while (and its hang-up with it)
+        self.readers.append(asyncio.create_task(self._drain(ws)))
+
+    @staticmethod
+    async def _drain(ws: ClientConnection) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for _ in ws:
+                pass
+
+    def connected(self) -> int:
+        return sum(not reader.done() for reader in self.readers)
 
     async def create_all(self, edge: str) -> float:
         self.say(f"creating {self.n_sessions} sessions, {self.concurrency} at a time")
@@ -150,9 +163,14 @@ class _SessionsBench:
 
     async def hang_up(self) -> None:
         """End every session as a caller would, and wait (a while) until the services have."""
+        unsent = 0
         for ws in self.sockets:
-            with contextlib.suppress(Exception):
+            try:
                 await ws.send(json.dumps({"type": "end"}))
+            except Exception:  # that caller's socket is gone: its session ends when it goes idle
+                unsent += 1
+        if unsent:
+            self.say(f"  {unsent} callers could not hang up: their sockets had closed")
         deadline = time.monotonic() + HANG_UP_WAIT_S
         with contextlib.suppress(Exception):  # whatever is left is forgotten after the services stop
             while (left := await self.registered()) and time.monotonic() < deadline:
@@ -161,6 +179,8 @@ class _SessionsBench:
         for ws in self.sockets:
             with contextlib.suppress(Exception):
                 await ws.close()
+        for reader in self.readers:
+            reader.cancel()
 
     async def run(self) -> dict[str, Any]:
         self.say(f"bench sessions (run {self.run_id}): {self.n_sessions} sessions")
@@ -196,11 +216,18 @@ class _SessionsBench:
             per_session[name] = None if low is None or high is None else (high - low) / self.n_sessions
         self.say("")
         self.say(f"  sessions created per second (with the first answer): {rate:.1f}")
-        self.say(f"  memory per idle session ({self.n_sessions} sessions, callers connected):")
+        connected = self.connected()
+        self.say(f"  memory per idle session ({self.n_sessions} sessions, {connected} callers connected):")
         for name, value in per_session.items():
             shown = "n/a" if value is None else f"{value / 1024:,.1f} KB"
             self.say(f"    {name:<10} {shown}")
-        return {"run_id": self.run_id, "sessions": self.n_sessions, "per_s": rate, "bytes": per_session}
+        return {
+            "run_id": self.run_id,
+            "sessions": self.n_sessions,
+            "per_s": rate,
+            "bytes": per_session,
+            "connected": connected,
+        }
 
 
 async def run_sessions_bench(
