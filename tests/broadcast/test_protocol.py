@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,3 +292,24 @@ async def test_hanging_up_ends_the_session_for_everyone(base: str) -> None:
         assert (await until(listener, "ended"))["reason"] == "caller"
         with pytest.raises(websockets.ConnectionClosed):
             await until(listener, "never")
+
+
+async def test_sigterm_closes_the_callers_and_the_edge_exits_cleanly(
+    rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """uvicorn closes every WebSocket with 1012 as it shuts down, before the app is told, and raises
+    the signal again once it has: the callers heard no ``shutting_down``, and the edge died by the
+    signal (status -15) before closing its broker connection."""
+    env = cluster_env(rabbitmq_url, redis_url, BARGEIN_PORT="0", BARGEIN_EDGE_SECRET=SECRET)
+    with Cluster(env, tmp_path) as cluster:
+        session = await create_session(cluster.start_edge())
+        edge = cluster.processes[-1]
+        async with connect(session) as ws:
+            await asyncio.to_thread(edge.proc.send_signal, signal.SIGTERM)
+            going = await until(ws, "error")
+            assert going["code"] == "shutting_down"  # as docs/protocol.md says: join again elsewhere
+            with pytest.raises(websockets.ConnectionClosed):
+                await until(ws, "never")
+            assert ws.close_code == 1001
+        assert await asyncio.to_thread(edge.proc.wait, 20) == 0, edge.log()[-3000:]
+        assert "edge stopped" in edge.log()

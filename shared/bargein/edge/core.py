@@ -561,13 +561,20 @@ class Edge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.load.stop()
-        going = ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
-        connections = [c for session in self.sessions.values() for c in session.connections]
-        # all at once: one by one, each may take its close's time-out, and a thousand took minutes
-        await asyncio.gather(*(c.close(CLOSE_GOING_AWAY, going) for c in connections))
+        await self.send_clients_away()
         if self.queue is not None:
             await self.queue.cancel()
             self.queue = None
+
+    async def send_clients_away(self) -> None:
+        """Tell every client connected here that this edge is stopping (``shutting_down``, then
+        close 1001), so that it joins again through another edge; the sessions go on without it."""
+        going = ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
+        connections = [c for session in self.sessions.values() for c in session.connections]
+        if connections:
+            log.info("stopping: sending %d client(s) to another edge", len(connections))
+        # all at once: one by one, each may take its close's time-out, and a thousand took minutes
+        await asyncio.gather(*(c.close(CLOSE_GOING_AWAY, going) for c in connections))
 
     # --- sessions --------------------------------------------------------------------------------
 

@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import signal
+import socket
+import threading
 
 import uvicorn
 
@@ -107,9 +110,10 @@ async def serve(
         # the bytes are worth
         ws_per_message_deflate=False,
     )
-    server = uvicorn.Server(config)
+    server = _EdgeServer(config, edge)
     if probes is not None:
         await probes.start()
+    _let_uvicorn_hand_back_the_signal()
     task = asyncio.create_task(server.serve())
     try:
         while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn sets a plain flag
@@ -130,6 +134,40 @@ async def serve(
         if synthesizer is not None:
             await synthesizer.aclose()
     log.info("edge stopped")
+
+
+class _EdgeServer(uvicorn.Server):
+    """uvicorn, as it shuts down, closes every open WebSocket with 1012 before the app hears of it;
+    the edge first tells its clients why and where to go (``shutting_down``, then 1001, as
+    docs/protocol.md says); the page joins again on it, ``bargein call`` says why it stopped."""
+
+    def __init__(self, config: uvicorn.Config, edge: Edge) -> None:
+        super().__init__(config)
+        self.edge = edge
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self.edge.send_clients_away()
+        except Exception:  # a failed goodbye must not stop the shutdown: uvicorn closes them anyway
+            log.exception("could not tell the clients the edge is stopping")
+        await super().shutdown(sockets)
+
+
+def _let_uvicorn_hand_back_the_signal() -> None:
+    """uvicorn shuts down on SIGTERM or SIGINT, then puts back the handlers it found and raises the
+    signal again; with Python's own handlers that ends the process there, before the edge has closed
+    its broker connection and store (exit status -15, a KeyboardInterrupt's traceback on Ctrl-C).
+    Handlers that only log let ``serve`` finish its tidy-up and the process exit 0, as the other
+    services do. uvicorn installs its own in the task's first step, so Ctrl-C still stops a start-up."""
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals reach the main thread only, and uvicorn leaves them alone too
+
+    def stopped_by(sig: int, frame: object) -> None:
+        log.info("edge shut down on %s; closing its connections", signal.Signals(sig).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stopped_by)
 
 
 def main() -> int:
