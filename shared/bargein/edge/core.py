@@ -570,8 +570,8 @@ class Edge:
         """Tell every client connected here that this edge is stopping (``shutting_down``, then
         close 1001), so that it joins again through another edge; the sessions go on without it."""
         going = ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
-        connections = [c for session in self.sessions.values() for c in session.connections]
-        if connections:
+        connections = [c for session in self.sessions.values() for c in session.connections if not c.closed]
+        if connections:  # (none left when Edge.stop comes after the server's shutdown did this)
             log.info("stopping: sending %d client(s) to another edge", len(connections))
         # all at once: one by one, each may take its close's time-out, and a thousand took minutes
         await asyncio.gather(*(c.close(CLOSE_GOING_AWAY, going) for c in connections))
