@@ -22,13 +22,26 @@ from types import TracebackType
 from bargein.tools.benchkit import free_port
 
 START_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 5.0  # one probe of a server that is starting
 
 
-def _wait(check: subprocess.Popen[bytes] | None, probe: list[str], timeout: float, what: str) -> None:
+def _wait(
+    check: subprocess.Popen[bytes] | None,
+    probe: list[str],
+    timeout: float,
+    what: str,
+    log: Path | None = None,
+) -> None:
+    """Until ``probe`` succeeds; at once if the server ``check`` has exited (say its port was
+    taken), with the tail of its ``log``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if subprocess.run(probe, capture_output=True).returncode == 0:
-            return
+        if check is not None and check.poll() is not None:
+            said = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise RuntimeError(f"{what} exited with status {check.returncode}:\n{said}")
+        with contextlib.suppress(subprocess.TimeoutExpired):  # whoever has the port may never answer
+            if subprocess.run(probe, capture_output=True, timeout=PROBE_TIMEOUT_S).returncode == 0:
+                return
         time.sleep(0.3)
     raise TimeoutError(f"{what} did not come up within {timeout:.0f} s")
 
@@ -162,14 +175,22 @@ class PrivateRedis:
 
     def __init__(self, base: Path, *, aof: bool = False, options: tuple[str, ...] = ()) -> None:
         self.base = base
-        self.port = free_port()
+        # chosen as it first starts, not here: a port found free before a RabbitMQ node has booted
+        # beside it (seconds of sockets opened) was taken by then, now and again
+        self.port = 0
         self.aof = aof
         self.options = options  # more redis-server arguments (``--replicaof`` ...)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
     def start(self) -> None:
+        """Start it; a restart keeps the port its clients know."""
         self.base.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
         command = [
             shutil.which("redis-server") or "redis-server",
             "--port",
@@ -186,11 +207,11 @@ class PrivateRedis:
             "always",
             *self.options,
         ]
-        log = (self.base / "redis.log").open("ab")
-        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        _wait(
-            self.proc, ["redis-cli", "-p", str(self.port), "ping"], START_TIMEOUT_S, f"Redis on {self.port}"
-        )
+        log_path = self.base / "redis.log"
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        probe = ["redis-cli", "-p", str(self.port), "ping"]
+        _wait(self.proc, probe, START_TIMEOUT_S, f"Redis on {self.port}", log_path)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -234,15 +255,17 @@ class PrivateSentinelRedis:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.master = PrivateRedis(base / "master")
-        self.replica = PrivateRedis(
-            base / "replica", options=("--replicaof", "127.0.0.1", str(self.master.port))
-        )
-        self.sentinel_port = free_port()
-        self.url = f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SENTINEL_SERVICE}/0"
+        self.replica = PrivateRedis(base / "replica")
+        self.sentinel_port = 0  # chosen as it first starts, as each server's (PrivateRedis)
         self.sentinel: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SENTINEL_SERVICE}/0"
 
     def start(self) -> None:
         self.master.start()
+        self.replica.options = ("--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
         _wait(
             None,
@@ -250,6 +273,8 @@ class PrivateSentinelRedis:
             START_TIMEOUT_S,
             "the replica's link to its master",
         )
+        if not self.sentinel_port:
+            self.sentinel_port = free_port()
         config = self.base / "sentinel.conf"  # the Sentinel rewrites it: a file of its own
         config.write_text(
             f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.base}\n"
@@ -257,19 +282,21 @@ class PrivateSentinelRedis:
             f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
             f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
         )
-        log = (self.base / "sentinel.log").open("ab")
-        self.sentinel = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        log_path = self.base / "sentinel.log"
+        with log_path.open("ab") as log:
+            self.sentinel = subprocess.Popen(
+                [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         _wait(
-            None,
+            self.sentinel,
             self._cli(
                 self.sentinel_port, "sentinel", "replicas", SENTINEL_SERVICE, expect=str(self.replica.port)
             ),
             START_TIMEOUT_S,
             "the Sentinel's view of the replica",
+            log_path,
         )
 
     @staticmethod
