@@ -280,6 +280,18 @@ class VoiceSettings(_Base):
     soft_pause_max_s: float = Field(
         default=3.0, gt=0, le=60, description="A soft pause no verdict ends by then resumes on its own."
     )
+    phrase_min_words: int = Field(
+        default=4, ge=1, le=100, description="A clause boundary ends a phrase of at least this many words."
+    )
+    phrase_max_words: int = Field(
+        default=12, ge=1, le=200, description="A phrase is spoken at this many words, punctuated or not."
+    )
+    phrase_max_wait_ms: float = Field(
+        default=300,
+        ge=0,
+        le=10_000,
+        description="With nothing left to play, a phrase's words waiting this long are spoken.",
+    )
 
 
 class BroadcastSettings(_Base):

@@ -94,6 +94,7 @@ from bargein.settings import BroadcastSettings, VoiceSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
 from bargein.voice import player
 from bargein.voice.engines import Synthesizer
+from bargein.voice.phrases import PhraseRules
 from bargein.voice.player import FRAME_MS
 from bargein.voice.speaker import Voice
 from bargein.wire.envelope import Envelope, new_session_id
@@ -653,6 +654,7 @@ class Edge:
             lead_ms=self.voice_settings.audio_lead_ms,
             count=self.count,
             name=session.session_id,
+            rules=PhraseRules.from_settings(self.voice_settings),
         )
 
     def leave(self, connection: Connection) -> None:

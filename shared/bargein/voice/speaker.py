@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from bargein import metrics
 from bargein.voice.engines import Synthesizer
-from bargein.voice.phrases import Phrase, TurnText
+from bargein.voice.phrases import Phrase, PhraseRules, TurnText
 from bargein.voice.player import Output, Player
 from bargein.voice.speech import Speech
 
@@ -37,8 +37,10 @@ class Voice:
         lead_ms: float = 200.0,
         count: Callable[[str], None] = lambda name: None,
         name: str = "",
+        rules: PhraseRules | None = None,
     ) -> None:
         self.synthesizer = synthesizer
+        self.rules = rules or PhraseRules()
         self.voice = voice
         self.player = Player(lead_ms=lead_ms)
         self.count = count
@@ -49,6 +51,7 @@ class Voice:
         self._queue: asyncio.Queue[tuple[TurnText, Phrase]] = asyncio.Queue()
         self._ready: list[Output] = []  # what the synthesis task produced for the next tick
         self._task: asyncio.Task[None] | None = None
+        self._latest: TurnText | None = None  # the newest turn's text: the one a tick may flush
 
     def text(self, turn: int, seq: int, text: str) -> None:
         """Chunk ``seq`` of ``turn`` went out to the session's clients."""
@@ -56,12 +59,12 @@ class Voice:
             return
         turn_text = self._texts.get(turn)
         if turn_text is None:
-            turn_text = self._texts[turn] = TurnText(turn)
+            turn_text = self._new_text(turn)
             self._asked[turn] = time.monotonic()
             for old in [t for t in self._texts if t <= turn - RECENT_TURNS]:
                 self._texts.pop(old, None)
                 self._asked.pop(old, None)
-        turn_text.add(seq, text)
+        turn_text.add(seq, text, time.monotonic())
         self._queue_phrases(turn_text)
 
     def complete(self, turn: int) -> None:
@@ -70,7 +73,7 @@ class Voice:
         if turn <= self.player.cleared_upto:
             return
         if turn_text is None:
-            turn_text = self._texts[turn] = TurnText(turn)
+            turn_text = self._new_text(turn)
         turn_text.complete = True
         self._queue_phrases(turn_text)
         self._put(turn_text, _FINISH)
@@ -86,8 +89,32 @@ class Voice:
         self.player.resume(now)
 
     def tick(self, now: float) -> list[Output]:
+        latest = self._latest
+        if (
+            latest is not None
+            and not latest.complete
+            and latest.turn > self.player.cleared_upto
+            and self._silent()
+        ):
+            for phrase in latest.phrases(now):  # the caller would hear nothing: speak what waited
+                self._put(latest, phrase)
         ready, self._ready = self._ready, []
         return ready + self.player.tick(now)
+
+    def _silent(self) -> bool:
+        """Nothing is left to play, to make or to hand over: the caller is about to hear silence."""
+        return (
+            not self.player.playing
+            and not self._ready
+            and self._queue.empty()
+            and (self._task is None or self._task.done())
+        )
+
+    def _new_text(self, turn: int) -> TurnText:
+        turn_text = self._texts[turn] = TurnText(turn, self.rules)
+        if self._latest is None or turn > self._latest.turn:
+            self._latest = turn_text
+        return turn_text
 
     async def aclose(self) -> None:
         if self._task is not None:
