@@ -185,7 +185,22 @@ class SpeechSettings(_Base):
     min_interruption_ms: float = Field(
         default=250, ge=0, description="Speech needed before a barge-in counts."
     )
-    min_silence_ms: float = Field(default=500, ge=32, description="Silence that ends the user's turn.")
+    min_silence_ms: float = Field(
+        default=500, ge=32, description="Silence that ends the user's turn (the text judge: when unsure)."
+    )
+    turn_detector: Literal["auto", "silence", "text"] = Field(
+        default="auto",
+        description="What ends the caller's turn: silence, or text (its words); auto: text if transcribed.",
+    )
+    end_silence_ms: float = Field(
+        default=250, ge=32, description="text: silence that ends a turn whose words read finished."
+    )
+    max_silence_ms: float = Field(
+        default=2000,
+        ge=32,
+        le=10_000,
+        description="text: silence that ends a turn whose words read unfinished.",
+    )
     false_interruption_timeout_ms: float = Field(
         default=1500, ge=0, description="A burst ending this soon with no transcript is a false interruption."
     )
@@ -342,6 +357,9 @@ TURN_TAKING_FIELDS = (
     "speech_threshold",
     "min_interruption_ms",
     "min_silence_ms",
+    "turn_detector",
+    "end_silence_ms",
+    "max_silence_ms",
     "false_interruption_timeout_ms",
     "interrupt_words",
     "max_backchannel_ms",

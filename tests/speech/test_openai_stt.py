@@ -97,7 +97,8 @@ async def test_in_a_speech_session_a_slow_server_costs_the_words_not_the_turn() 
             assert not any(isinstance(e, UserTranscriptionReceived) for _, e in session.to_agent)
             errors = [e for _, e in session.to_edge if isinstance(e, SessionError)]
             assert [e.code for e in errors] == [SessionErrorCode.STT_BEHIND]
-            assert session.runtime.counters["stt_behind"] == 1
+            counters = session.runtime.counters  # every transcription asked (the turn-end judge's at
+            assert counters["stt_behind"] == counters["transcriptions"] >= 1  # its pauses too) timed out
         finally:
             await rig.close()
             await engine.aclose()

@@ -342,7 +342,8 @@ async def test_a_failing_transcriber_loses_nothing() -> None:
         session = await rig.open()
         await session.stream(pcm("two_utterances.wav"))
         await session.expect(["UserStartedSpeaking", "UserStoppedSpeaking"] * 2)
-        assert session.runtime.counters["transcriber_errors"] == 2
+        counters = session.runtime.counters  # each failed (at the turns' ends, and the pauses
+        assert counters["transcriber_errors"] == counters["transcriptions"] >= 2  # the judge heard)
         check_marks("two_utterances.wav", emissions(session))
     finally:
         await rig.close()

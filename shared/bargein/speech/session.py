@@ -30,7 +30,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from bargein import metrics, tracing
@@ -105,6 +105,8 @@ class SpeechSession(SessionProcessor):
         self._busy = False  # a transcription is in flight: the policy waits for it
         self._asked = False  # the transcriber was asked about the current burst
         self._judging = False  # a held burst's words are being transcribed
+        # the words of the caller's turn up to its current pause, for the turn-end judge: (pause, task)
+        self._pause_words: tuple[int, asyncio.Task[tuple[str | None, bool]]] | None = None
         self._behind_reported = -math.inf
         # turn audio, kept only when a transcriber can use it
         self._keep_audio = not isinstance(self.transcriber, NullTranscriber)
@@ -113,7 +115,7 @@ class SpeechSession(SessionProcessor):
         self._pre_roll: collections.deque[bytes] = collections.deque(maxlen=PRE_ROLL_WINDOWS)
         self._turn_audio: list[bytes] = []
         self._outbox: asyncio.Queue[tuple[Event, Direction]] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._publisher: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -130,14 +132,27 @@ class SpeechSession(SessionProcessor):
             config = base
         self.policy = TurnPolicy(config, judges=self._keep_audio)
         self._publisher = asyncio.create_task(self._publish_loop(), name=f"speech-out:{self.session_id}")
+        if config.turn_detector == "text" and not self._keep_audio:
+            log.warning(
+                "session %s: turn_detector 'text' needs speech-to-text (BARGEIN_STT); "
+                "ending turns by silence alone",
+                self.session_id,
+            )
+        judge = self.policy.judge
+        ends = (
+            f"by its words after {config.end_silence_ms:.0f} ms (finished), {config.min_silence_ms:.0f} ms "
+            f"(unsure) or {config.max_silence_ms:.0f} ms (unfinished) of silence"
+            if judge.needs_words
+            else f"after {config.min_silence_ms:.0f} ms of silence"
+        )
         log.info(
             "session %s: speech detection running (epoch %d; threshold %.2f, barge-in after %.0f ms, "
-            "turn ends after %.0f ms of silence, false interruption under %.0f ms)",
+            "turn ends %s, false interruption under %.0f ms)",
             self.session_id,
             self.epoch,
             config.speech_threshold,
             config.min_interruption_ms,
-            config.min_silence_ms,
+            ends,
             config.false_interruption_timeout_ms,
         )
 
@@ -261,9 +276,10 @@ class SpeechSession(SessionProcessor):
         while queue:
             probability = queue[0]
             if self._keep_audio and not self._asked and policy.would_end_burst(probability):
-                # the burst ends with this window: get its transcript before the policy decides
+                # the burst ends with this window (or, with the text judge, its words must be known
+                # by now): get its transcript before the policy decides
                 self._asked = self._busy = True
-                self._spawn(self._transcribe(b"".join(self._turn_audio)))
+                self._spawn(self._transcribe(self._words_of_turn()))
                 return
             queue.popleft()
             before = policy.state
@@ -276,6 +292,40 @@ class SpeechSession(SessionProcessor):
             elif policy.state is State.HELD and not self._judging:
                 self._judging = True
                 self._spawn(self._judge(policy.burst))
+            pause = policy.pause_needing_words()
+            if pause is not None:
+                self._listen_to_pause(pause)
+
+    def _listen_to_pause(self, pause: int) -> None:
+        """The caller paused in their turn: transcribe it so far, so the turn-end judge can tell a
+        finished sentence (end it soon) from one that goes on (wait). One transcription of a
+        session's pauses runs at a time: this one starts when the last one is done, unless the
+        caller has spoken on meanwhile (then it is not made at all)."""
+        self.policy.expect_words(pause)
+        audio = b"".join(self._turn_audio)
+        before = self._pause_words[1] if self._pause_words is not None else None
+        task = asyncio.get_running_loop().create_task(self._pause_transcript(pause, audio, before))
+        self._tasks.add(task)  # cancelled on close with the rest
+        task.add_done_callback(self._tasks.discard)
+        self._pause_words = (pause, task)
+
+    async def _pause_transcript(
+        self, pause: int, audio: bytes, before: asyncio.Task[tuple[str | None, bool]] | None
+    ) -> tuple[str | None, bool]:
+        if before is not None:
+            await asyncio.wait([before])
+        if pause != self.policy.pause:  # the caller went on: the words of a later pause will judge
+            return None, True
+        self.counters["pause_transcriptions"] += 1
+        return await self._words(audio)
+
+    def _words_of_turn(self) -> Awaitable[tuple[str | None, bool]]:
+        """The words of the burst ending now: those already being transcribed for its current pause
+        (the audio since is silence), or a transcription of it all."""
+        job = self._pause_words
+        if job is not None and job[0] == self.policy.pause and not job[1].cancelled():
+            return job[1]
+        return self._words(b"".join(self._turn_audio))
 
     def _emit(self, emissions: list[Emission]) -> None:
         for emission in emissions:
@@ -315,11 +365,22 @@ class SpeechSession(SessionProcessor):
             self._turn_audio = []
             self._pre_roll.append(window)
 
-    async def _transcribe(self, audio: bytes) -> None:
+    async def _transcribe(self, words: Awaitable[tuple[str | None, bool]]) -> None:
         """The burst ends with the next window: its words first. A held burst is judged by them
-        (a barge-in after all, or a backchannel); a turn gets them in its history."""
+        (a barge-in after all, or a backchannel); a turn gets them in its history, unless the
+        turn-end judge reads them as unfinished: then the turn goes on, waiting longer."""
         policy = self.policy
-        text, failed = await self._words(audio)
+        text, failed = await words
+        if policy.words_due:
+            verdict = policy.pause_words(policy.pause, text, failed=failed)
+            if verdict is not None:
+                self.counters[f"turn_end_{verdict.completion.value}"] += 1
+            upcoming = self._probabilities[0] if self._probabilities else None
+            if upcoming is not None and not policy.would_end_burst(upcoming):
+                self._asked = self._busy = False  # not yet: asked again when the longer pause ends
+                if not self.closed:
+                    self._advance()
+                return
         if policy.state is State.HELD:
             self._judged(text, failed, policy.burst, final=True)
         if text and policy.state is State.SPEAKING:
@@ -337,6 +398,7 @@ class SpeechSession(SessionProcessor):
     async def _words(self, audio: bytes) -> tuple[str | None, bool]:
         """(text, failed): the engine's words for ``audio``; a failure is logged and counted, and
         never loses the turn (the caller decides what happens without words)."""
+        self.counters["transcriptions"] += 1
         try:
             started = time.monotonic()
             text = await self.transcriber.transcribe(

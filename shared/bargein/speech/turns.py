@@ -11,6 +11,12 @@ The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridabl
   not a pause).
 * A *burst* starts at the first voiced window and lasts until ``min_silence_ms`` of unvoiced
   windows; pauses shorter than that are part of the burst. Its end is where that silence began.
+  Once a burst is the caller's turn (after :class:`UserStartedSpeaking`) a turn-end judge
+  (:mod:`bargein.speech.turn_end`, ``turn_detector``) may say otherwise for each pause: with the
+  ``text`` judge the service transcribes the turn as a pause begins (:meth:`TurnPolicy.pause_needing_words`)
+  and hands the words over (:meth:`TurnPolicy.pause_words`); a finished sentence then ends the turn
+  after ``end_silence_ms``, an unfinished one after ``max_silence_ms``. Until its words are known
+  the policy asks for ``end_silence_ms`` (:meth:`would_end_burst`): the service waits for them there.
 * :class:`UserStartedSpeaking` (the barge-in) is emitted once a burst holds ``min_interruption_ms``
   of voiced windows; a burst with less (a click, a breath) emits nothing at all.
 * While the agent is speaking (:attr:`TurnPolicy.agent_speaking`, from the edge's
@@ -69,10 +75,13 @@ from bargein.settings import (
     check_turn_taking,
     turn_taking_defaults,
 )
+from bargein.speech.turn_end import SilenceJudge, TextJudge, TurnEndJudge, Verdict, resolve_detector
 from bargein.speech.vad import WINDOW_MS
 
 __all__ = ["TURN_TAKING_OPTION", "Emission", "State", "TurnConfig", "TurnPolicy", "TurnTakingError"]
 
+PAUSE_WORDS_AFTER_MS = 64  # a pause this long in the caller's turn has its words judged (not the
+# shorter gaps between words, which would cost a transcription each)
 SOFT_RELEASE_MS = 160  # a paused burst too short to be a barge-in, quiet this long, lets the agent go on
 HYSTERESIS = 0.15  # Silero's recommended gap between the onset and the offset threshold
 MIN_OFFSET_THRESHOLD = 0.01
@@ -87,6 +96,9 @@ class TurnConfig:
     speech_threshold: float = _DEFAULTS["speech_threshold"]
     min_interruption_ms: float = _DEFAULTS["min_interruption_ms"]
     min_silence_ms: float = _DEFAULTS["min_silence_ms"]
+    turn_detector: str = _DEFAULTS["turn_detector"]
+    end_silence_ms: float = _DEFAULTS["end_silence_ms"]
+    max_silence_ms: float = _DEFAULTS["max_silence_ms"]
     false_interruption_timeout_ms: float = _DEFAULTS["false_interruption_timeout_ms"]
     interrupt_words: int = _DEFAULTS["interrupt_words"]
     max_backchannel_ms: float = _DEFAULTS["max_backchannel_ms"]
@@ -96,6 +108,16 @@ class TurnConfig:
     @property
     def offset_threshold(self) -> float:
         return max(self.speech_threshold - HYSTERESIS, MIN_OFFSET_THRESHOLD)
+
+    def turn_end_judge(self, *, words: bool) -> TurnEndJudge:
+        """The judge of how long a pause ends the caller's turn (``words``: speech-to-text runs)."""
+        if resolve_detector(self.turn_detector, words=words) == "text":
+            return TextJudge(
+                end_silence_ms=self.end_silence_ms,
+                min_silence_ms=self.min_silence_ms,
+                max_silence_ms=self.max_silence_ms,
+            )
+        return SilenceJudge(self.min_silence_ms)
 
     @classmethod
     def from_settings(cls, settings: SpeechSettings) -> TurnConfig:
@@ -164,6 +186,13 @@ class TurnPolicy:
     _heard: str | None = None  # the latest words judged of a held burst
     _cut_agent: bool = False  # this burst's UserStartedSpeaking came while the agent spoke
     _paused: bool = False  # this burst emitted UserSpeechOnset (the agent's audio is paused)
+    judge: TurnEndJudge = field(init=False)
+    pause: int = 0  # numbers the pauses, so words that come back late apply to their own
+    _pause_silence_ms: float | None = None  # the silence that ends the turn in this pause, by its words
+    _words_due: bool = False  # the service is getting this pause's words
+
+    def __post_init__(self) -> None:
+        self.judge = self.config.turn_end_judge(words=self.judges)
 
     @property
     def speaking(self) -> bool:
@@ -204,7 +233,51 @@ class TurnPolicy:
         start = (
             self._silence_start_ms if self._silence_start_ms is not None else self.windows * self.window_ms
         )
-        return (self.windows + 1) * self.window_ms - start >= self.config.min_silence_ms
+        return (self.windows + 1) * self.window_ms - start >= self._ending_silence_ms()
+
+    def _ending_silence_ms(self) -> float:
+        """How long the current pause must last to end the burst."""
+        if self.state is not State.SPEAKING:
+            return self.config.min_silence_ms  # a burst that is no turn (yet) is not judged by words
+        if self._pause_silence_ms is not None:
+            return self._pause_silence_ms
+        return self.judge.soonest_ms if self._words_due else self.judge.judge(None).silence_ms
+
+    def pause_needing_words(self) -> int | None:
+        """The current pause of the caller's turn, if its words would say how long it must last and
+        nobody has asked for them yet: the service then transcribes the turn so far and says that
+        it has (:meth:`expect_words`)."""
+        if (
+            self.state is State.SPEAKING
+            and self.judge.needs_words
+            and self._silence_start_ms is not None
+            and self.at_ms - self._silence_start_ms >= PAUSE_WORDS_AFTER_MS
+            and not self._words_due
+            and self._pause_silence_ms is None
+        ):
+            return self.pause
+        return None
+
+    def expect_words(self, pause: int) -> None:
+        """The words of pause ``pause`` are coming: the turn may end as soon as ``end_silence_ms``,
+        and :meth:`would_end_burst` says when the service must have them."""
+        if pause == self.pause:
+            self._words_due = True
+
+    @property
+    def words_due(self) -> bool:
+        return self._words_due
+
+    def pause_words(self, pause: int, text: str | None, *, failed: bool = False) -> Verdict | None:
+        """The words of the caller's turn up to pause ``pause`` (``failed``: the engine could not
+        say). Returns the judge's verdict on this pause, or None for a pause the caller already
+        ended by speaking on."""
+        if pause != self.pause or self._silence_start_ms is None or self.state is not State.SPEAKING:
+            return None
+        self._words_due = False
+        verdict = self.judge.judge(None if failed else text)
+        self._pause_silence_ms = verdict.silence_ms
+        return verdict
 
     def feed(self, probability: float) -> list[Emission]:
         """One window's probability → the events it causes (usually none)."""
@@ -242,12 +315,15 @@ class TurnPolicy:
             elif self.state is State.HELD and self._voiced_ms >= self.config.max_backchannel_ms:
                 out.append(self._barge(end_ms, self._heard))  # too long to be "uh-huh"
             return out
-        if self._silence_start_ms is None:
+        if self._silence_start_ms is None:  # a pause begins: the judge has not heard it yet
             self._silence_start_ms = start_ms
+            self.pause += 1
+            self._pause_silence_ms = None
+            self._words_due = False
         if self._releases(end_ms):  # a click, a cough: the agent goes on without waiting for the end
             self._paused = False
             out.append(self._emit(UserOnsetDismissed(outcome="short"), end_ms, self._silence_start_ms))
-        if end_ms - self._silence_start_ms >= self.config.min_silence_ms:
+        if end_ms - self._silence_start_ms >= self._ending_silence_ms():
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
 

@@ -147,8 +147,12 @@ class Judge:
                     played.speech_ended_at = time.monotonic()
                 await send(AudioFrame(data=frame))
             windows = len(clip.audio) // WINDOW_BYTES
-            while session.policy.windows < windows or not session.idle:  # noqa: ASYNC110
+            while session.policy.windows < windows:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+            silence = bytes(len(frames_of(clip.audio)[0]))
+            while not session.idle:  # a microphone goes on sending silence until the turn is over
+                await send(AudioFrame(data=silence))
+                await asyncio.sleep(FRAME_MS / 1000)
             await self.broker.settle()
             played.emissions = list(session.policy.emissions)
             played.behind = session.counters["stt_behind"]

@@ -1,0 +1,96 @@
+"""The turn-end judges on speech: espeak-ng sentences through the speech service (the real VAD
+batcher and Whisper, on the in-memory transport), a caller who pauses mid-sentence and one who
+finishes. Times are in audio (the policy counts windows), so they hold however fast the audio is
+sent; how long the caller waits in real time is ``bargein bench turns``'s to measure."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bargein.agent.events import UserTranscriptionReceived
+from bargein.settings import SpeechSettings, load
+from bargein.speech.whisper import WhisperTranscriber
+from bargein.tools.turn_corpus import Clip, build
+
+from .test_processor import Rig, wait_until
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, Clip]:
+    made = build(
+        voices=["en-us"],
+        rates=[160],
+        pauses_ms=[800.0],
+        paused=[("My account number is", "four five six seven, and my card was declined.")],
+        finished=["I want a refund."],
+    )
+    return {clip.kind: clip for clip in made}
+
+
+async def rig_for(detector: str) -> Rig:
+    rig = Rig(load(SpeechSettings, turn_detector=detector), transcriber=WhisperTranscriber(workers=2))
+    await rig.worker.start()
+    return rig
+
+
+@pytest.fixture
+async def text_rig() -> AsyncIterator[Rig]:
+    rig = await rig_for("text")
+    yield rig
+    await rig.close()
+
+
+@pytest.fixture
+async def silence_rig() -> AsyncIterator[Rig]:
+    rig = await rig_for("silence")
+    yield rig
+    await rig.close()
+
+
+async def test_a_caller_who_pauses_mid_sentence_is_not_answered_in_the_pause(
+    text_rig: Rig, clips: dict[str, Clip]
+) -> None:
+    clip = clips["paused"]
+    session = await text_rig.open()
+    await session.stream(clip.audio)
+    await session.expect(["UserStartedSpeaking", "UserTranscriptionReceived", "UserStoppedSpeaking"])
+    words = session.to_agent[1][1]
+    assert isinstance(words, UserTranscriptionReceived)
+    assert "account" in words.content.lower() and "declined" in words.content.lower(), words.content
+    stop = session.runtime.policy.emissions[-1]
+    assert stop.speech_end_ms is not None and abs(stop.speech_end_ms - clip.end_ms) <= 100
+    assert session.runtime.counters["turn_end_unfinished"] >= 1  # the pause, read as unfinished
+
+
+async def test_by_silence_alone_the_pause_ends_the_turn(silence_rig: Rig, clips: dict[str, Clip]) -> None:
+    """The finding reproduced: a fixed silence answers the first half."""
+    session = await silence_rig.open()
+    await session.stream(clips["paused"].audio)
+    await wait_until(lambda: session.kinds().count("UserStoppedSpeaking") == 2)
+    await session.processed()
+    # two turns (sent faster than real time, the second barge-in may overtake the first stop: it is
+    # a control event, at high priority in the mailbox)
+    assert collections.Counter(session.kinds()) == {
+        "UserStartedSpeaking": 2,
+        "UserTranscriptionReceived": 2,
+        "UserStoppedSpeaking": 2,
+    }
+    assert session.runtime.counters["pause_transcriptions"] == 0
+
+
+async def test_a_finished_sentence_ends_the_turn_sooner(
+    text_rig: Rig, silence_rig: Rig, clips: dict[str, Clip]
+) -> None:
+    clip = clips["finished"]
+    waited = {}
+    for name, rig in (("text", text_rig), ("silence", silence_rig)):
+        session = await rig.open()
+        await session.stream(clip.audio)
+        await session.expect(["UserStartedSpeaking", "UserTranscriptionReceived", "UserStoppedSpeaking"])
+        stop = session.runtime.policy.emissions[-1]
+        waited[name] = stop.at_ms - clip.end_ms  # from the end of the speech to the decision
+    assert waited["silence"] >= 500, waited
+    assert waited["text"] <= 400, waited  # 250 ms of silence, and the VAD's lag
