@@ -201,6 +201,10 @@ class SpeechSettings(_Base):
         le=10_000,
         description="text: silence that ends a turn whose words read unfinished.",
     )
+    speculative_turns: bool = Field(
+        default=True,
+        description="text: start the answer when the caller pauses, held until the turn is confirmed.",
+    )
     false_interruption_timeout_ms: float = Field(
         default=1500, ge=0, description="A burst ending this soon with no transcript is a false interruption."
     )
@@ -360,6 +364,7 @@ TURN_TAKING_FIELDS = (
     "turn_detector",
     "end_silence_ms",
     "max_silence_ms",
+    "speculative_turns",
     "false_interruption_timeout_ms",
     "interrupt_words",
     "max_backchannel_ms",

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bargein.agent.events import UserTranscriptionReceived
+from bargein.agent.events import SpeculativeTurn, UserTranscriptionReceived
 from bargein.settings import SpeechSettings, load
 from bargein.speech.whisper import WhisperTranscriber
 from bargein.tools.turn_corpus import Clip, build
 
-from .test_processor import Rig, wait_until
+from .test_processor import FixedTranscriber, Rig, Session, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +94,74 @@ async def test_a_finished_sentence_ends_the_turn_sooner(
         waited[name] = stop.at_ms - clip.end_ms  # from the end of the speech to the decision
     assert waited["silence"] >= 500, waited
     assert waited["text"] <= 400, waited  # 250 ms of silence, and the VAD's lag
+
+
+# --- speculative turns ----------------------------------------------------------------------------
+
+
+def made(pause_ms: float) -> Clip:
+    (clip,) = build(
+        voices=["en-us"],
+        rates=[160],
+        pauses_ms=[pause_ms],
+        paused=[("I would like to book a table", "for two people tomorrow")],
+        finished=[],
+    )
+    return clip
+
+
+async def speculating_rig(words: str, options: dict[str, object] | None = None) -> tuple[Rig, Session]:
+    """The speech service with an engine that hears ``words`` (unpunctuated: the judge is unsure, so
+    the turn ends after min_silence_ms and a speculative turn has time to start)."""
+    rig = Rig(load(SpeechSettings, turn_detector="text"), transcriber=FixedTranscriber(words))
+    await rig.worker.start()
+    return rig, await rig.open(options)
+
+
+async def test_a_pause_long_enough_to_end_the_turn_starts_a_speculative_turn_that_is_confirmed() -> None:
+    rig, session = await speculating_rig("I would like to book a table for two")
+    try:
+        await session.stream(made(800).audio)  # the pause is longer than min_silence_ms: two turns
+        await wait_until(lambda: session.kinds().count("UserStoppedSpeaking") == 2)
+        await session.processed()
+        kinds = [k for k in session.kinds() if k != "UserStartedSpeaking"]
+        turn = ["SpeculativeTurn", "UserTranscriptionReceived", "UserStoppedSpeaking"]
+        assert kinds == turn * 2, kinds  # each confirmed by the same words
+        speculative = [e for _, e in session.to_agent if isinstance(e, SpeculativeTurn)]
+        assert [e.transcript for e in speculative] == ["I would like to book a table for two"] * 2
+        counters = session.runtime.counters
+        assert (counters["speculative_starts"], counters["speculative_hits"]) == (2, 2)
+        assert counters["speculative_drops"] == 0
+    finally:
+        await rig.close()
+
+
+async def test_a_caller_who_goes_on_drops_the_speculative_turn() -> None:
+    rig, session = await speculating_rig("I would like to book a table for two")
+    try:
+        await session.stream(made(420).audio)  # speaks on after 420 ms: before the turn could end
+        await wait_until(lambda: "UserStoppedSpeaking" in session.kinds())
+        await session.processed()
+        kinds = [k for k in session.kinds() if k != "UserStartedSpeaking"]
+        assert kinds[:2] == ["SpeculativeTurn", "SpeculationDropped"], kinds
+        assert kinds[-3:] == ["SpeculativeTurn", "UserTranscriptionReceived", "UserStoppedSpeaking"], kinds
+        assert kinds.count("UserStoppedSpeaking") == 1  # one turn: the pause did not end it
+        counters = session.runtime.counters
+        assert counters["speculative_starts"] == counters["speculative_drops"] + counters["speculative_hits"]
+        assert counters["speculative_hits"] == 1 and counters["speculative_drops"] >= 1
+    finally:
+        await rig.close()
+
+
+async def test_speculative_turns_are_off_with_a_setting() -> None:
+    rig, session = await speculating_rig(
+        "I would like to book a table for two", {"turn_taking": {"speculative_turns": False}}
+    )
+    try:
+        await session.stream(made(800).audio)
+        await wait_until(lambda: session.kinds().count("UserStoppedSpeaking") == 2)
+        await session.processed()
+        assert "SpeculativeTurn" not in session.kinds()
+        assert session.runtime.counters["speculative_starts"] == 0
+    finally:
+        await rig.close()

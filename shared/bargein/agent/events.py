@@ -46,6 +46,8 @@ __all__ = [
     "LogMetric",
     "SessionError",
     "SessionErrorCode",
+    "SpeculationDropped",
+    "SpeculativeTurn",
     "SpeechDelivered",
     "ToolCall",
     "ToolResult",
@@ -211,6 +213,23 @@ class UserStoppedSpeaking(Event):
 
 class UserTranscriptionReceived(Event):
     content: str
+
+
+class SpeculativeTurn(Event):
+    """The caller paused in their turn and may have finished: the reasoning owner starts the turn
+    now with the words so far (``transcript``), holding everything it would send (text and voice)
+    until the turn is confirmed. The confirmation is the turn's usual end with the same words
+    (:class:`UserTranscriptionReceived` then :class:`UserStoppedSpeaking`): the held output goes out
+    at once. Anything else (:class:`SpeculationDropped`, other words, any other event) drops the
+    speculative turn without trace: nothing reached anyone, and the session is as it was. Sent by
+    the speech tier (``BARGEIN_SPECULATIVE_TURNS``); an owner that has not seen it (an adopter) runs
+    the confirmation as an ordinary turn."""
+
+    transcript: str
+
+
+class SpeculationDropped(Event):
+    """The caller went on speaking after a :class:`SpeculativeTurn`: drop it."""
 
 
 class UserBackchannel(Event):

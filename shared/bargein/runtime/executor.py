@@ -145,6 +145,7 @@ class TurnRun:
         self.turn = turn  # preset when an adopter resumes a turn its previous owner had started
         self.resumed = turn is not None
         self.cancelled = False
+        self.discarded = False  # a speculative turn dropped: it never happened (no handler, no notice)
         self.interrupted_by: Message | None = None
         self.clause: int | None = None  # which cutting clause (route.cutting) cut the turn off
         self.span: Span | None = None
@@ -241,6 +242,13 @@ class TurnRun:
         await asyncio.sleep(0)
         metrics.INTERRUPT_TO_CANCEL.observe(metrics.since(message.timestamp))
         await self.host.turn_interrupted(self)
+
+    def discard(self) -> None:
+        """Drop this run without trace (a speculative turn the caller spoke on through): nothing
+        more of it is published, its task is cancelled, and no handler or notice follows."""
+        self.cancelled = self.discarded = True
+        if self.task is not None:
+            self.task.cancel()
 
 
 def _clause_for(clauses: list[Clause], message: Message) -> Clause | None:
@@ -392,6 +400,31 @@ class RouteExecutor:
         self.queue.append(work)
         self._wakeup.set()
 
+    def discard_since(self, index: int) -> None:
+        """Forget the work of events dispatched at ``index`` or later (a dropped speculative turn):
+        queued work is removed, a trigger waiting at the barrier let go, a running turn discarded
+        (:meth:`TurnRun.discard`), a concurrent route's runs cancelled. :meth:`busy_since` says
+        when it has all unwound."""
+        self.queue = collections.deque(w for w in self.queue if w.index < index)
+        work = self.current
+        if self.active is None and work is not None and work.kind == "trigger" and work.index >= index:
+            work.dropped = True
+            self.host.progressed()
+        if self.active is not None and self.active.index >= index:
+            self.active.discard()
+        for task, running in self._running.items():
+            if running.index >= index:
+                task.cancel()
+
+    def busy_since(self, index: int) -> bool:
+        """Whether work of an event dispatched at ``index`` or later is still under way."""
+        work = self.current
+        return (
+            (self.active is not None and self.active.index >= index)
+            or (work is not None and work.index >= index)
+            or any(w.index >= index for w in self._running.values())
+        )
+
     # --- the worker ------------------------------------------------------------------------------
 
     def nudge(self) -> None:
@@ -474,6 +507,8 @@ class RouteExecutor:
             await run.run_as_task(self._turn_body(run))
         finally:
             self.active = None
+        if run.discarded:  # a speculative turn dropped: the session puts its nodes back
+            return
         if run.interrupted_by is not None and run.clause is not None:
             # Record the cut history (and that only the handler is left) before running it, so an
             # adopter runs the handler rather than the turn if this process dies meanwhile. Usually

@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -43,8 +44,12 @@ from bargein.agent.events import (
     Event,
     HeardRecord,
     InterruptPolicy,
+    SpeculationDropped,
+    SpeculativeTurn,
     SpeechDelivered,
     TurnInterrupted,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
 )
 from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
@@ -55,6 +60,7 @@ from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
+from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
 from bargein.wire.envelope import Envelope, message_of, validate_session_id
 from bargein.wire.names import OUT, TIER_REASONING, Tier
@@ -64,6 +70,7 @@ log = logging.getLogger("bargein.runtime")
 
 T = TypeVar("T")
 
+DROP_UNWIND_S = 5.0  # how long a dropped speculative turn's work may take to unwind
 HANDOVER_RECORD_WAIT_S = 1.0  # after a change of owner, how long a new turn waits for the edge's record
 
 
@@ -118,6 +125,7 @@ class SessionRuntime(SessionProcessor):
         self._record_arrived = asyncio.Event()  # the edge said what the caller heard (HeardRecord)
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatcher: asyncio.Task[None] | None = None
+        self.speculation: Speculation | None = None  # a turn started before the caller's turn was sure
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -156,6 +164,8 @@ class SessionRuntime(SessionProcessor):
                 await self._dispatcher
             self._dispatcher = None
         if checkpoint:
+            # a speculative turn is nobody's yet: the next owner runs the turn if it is confirmed
+            await self.drop_speculation("the session closes here")
             await self.checkpoint()
         self.closed = True
         if self._flusher is not None:
@@ -261,6 +271,8 @@ class SessionRuntime(SessionProcessor):
             tracing.SESSION.reset(bound)
 
     async def _handle(self, envelope: Envelope, event: Event) -> None:
+        if isinstance(event, SpeechDelivered | HeardRecord) and self.speculation is not None:
+            self.speculation.reports.append(event)  # applied again if the nodes are put back
         if isinstance(event, SpeechDelivered | HeardRecord):
             # the text so far only when a bridge hears AgentSpeechSent (a report a chunk, each
             # joining the turn's text, cost every answer the square of its length)
@@ -276,6 +288,9 @@ class SessionRuntime(SessionProcessor):
                 after = self.ledger.delivered_text(spoken.turn)
                 await self._speech_sent(message_of(envelope, event), before, after)
             return
+        speculative = isinstance(event, SpeculativeTurn | SpeculationDropped) or self.speculation is not None
+        if speculative and await self._speculative(message_of(envelope, event)):
+            return  # started, confirmed or dropped a speculative turn
         # Dispatched right here, not via the inbox: an interrupt reaches the running turn without
         # waiting for another task to be scheduled on what may be a busy event loop.
         with tracing.span(
@@ -336,6 +351,86 @@ class SessionRuntime(SessionProcessor):
             self.count("dispatch_errors")
             log.exception("session %s: dispatching %s failed", self.session_id, type(message.event))
 
+    # --- speculative turns (runtime/speculation.py) ------------------------------------------------
+
+    async def _speculative(self, message: Message) -> bool:
+        """Start, confirm or drop a speculative turn. True if ``message`` was taken care of here;
+        False if it is to be dispatched as usual (after the speculation it ended was dropped)."""
+        event, speculation = message.event, self.speculation
+        if isinstance(event, SpeculativeTurn):
+            await self._speculate(message, event.transcript)
+            return True
+        if isinstance(event, SpeculationDropped):
+            await self.drop_speculation("the caller went on")
+            return True
+        assert speculation is not None
+        if (
+            isinstance(event, UserTranscriptionReceived)
+            and event.content == speculation.transcript
+            and not speculation.words_confirmed
+        ):
+            speculation.words_confirmed = True  # the same words: the stop that follows confirms it
+            return True
+        if isinstance(event, UserStoppedSpeaking) and speculation.words_confirmed:
+            await self._confirm_speculation()
+            return True
+        await self.drop_speculation(f"{type(event).__name__} came instead")
+        return False
+
+    async def _speculate(self, message: Message, transcript: str) -> None:
+        """Run the turn the caller's words so far would start, holding what it sends."""
+        if self.speculation is not None:
+            await self.drop_speculation("a newer one starts")
+        if self._dirty:  # what came before it is durable; nothing of it will be until confirmed
+            await self.checkpoint()
+        self.count("speculations")
+        self.speculation = Speculation(transcript, self.next_index, save_nodes(self.nodes))
+        log.info("session %s: speculative turn on %r", self.session_id, transcript)
+        for event in (UserTranscriptionReceived(content=transcript), UserStoppedSpeaking()):
+            await self._dispatch(dataclasses.replace(message, event=event, id=uuid.uuid4().hex))
+
+    async def _confirm_speculation(self) -> None:
+        speculation, self.speculation = self.speculation, None
+        assert speculation is not None
+        self.count("speculations_confirmed")
+        log.info("session %s: speculative turn confirmed (%d held)", self.session_id, len(speculation.held))
+        for action in speculation.held:
+            await action()
+        await self.checkpoint()
+
+    async def drop_speculation(self, why: str) -> None:
+        """Undo the speculative turn: its work discarded in every route, once that has unwound the
+        nodes put back as they were (what the caller's reports corrected meanwhile applied again),
+        and what it held forgotten."""
+        speculation = self.speculation
+        if speculation is None:
+            return
+        self.count("speculations_dropped")
+        log.info("session %s: speculative turn dropped (%s)", self.session_id, why)
+        since = speculation.from_index
+        for executor in self.executors:
+            executor.discard_since(since)
+        try:
+            async with asyncio.timeout(DROP_UNWIND_S):
+                while any(executor.busy_since(since) for executor in self.executors):
+                    await self.wait_for_progress()
+        except TimeoutError:  # a route's own code does not let go: put the nodes back regardless
+            self.count("speculation_unwind_timeouts")
+            log.warning("session %s: the dropped turn's work did not unwind in time", self.session_id)
+        restore_nodes(self.nodes, speculation.saved)
+        for report in speculation.reports:
+            self._on_delivery_report(report)
+        self.speculation = None
+        if self._dirty:
+            await self.checkpoint()
+
+    async def _send_out(self, envelope: Envelope) -> None:
+        """Publish ``envelope`` ``out``, or hold it while a speculative turn is unconfirmed."""
+        if self.speculation is not None:
+            self.speculation.hold(functools.partial(self.transport.publish, envelope, OUT))
+        else:
+            await self.transport.publish(envelope, OUT)
+
     # --- the barrier turns wait at (RouteExecutor._run_turn) --------------------------------------
 
     def earlier_work_done(self, index: int) -> bool:
@@ -391,19 +486,30 @@ class SessionRuntime(SessionProcessor):
         to_caller = self.speaking_bridge is None or (
             run.bridge is self.speaking_bridge and isinstance(event, CALLER_EVENTS)
         )
-        if to_caller:
-            if isinstance(event, AgentResponse):
-                self.ledger.published(turn, seq, event.content)
-            await self.transport.publish(envelope, OUT)
-            self.count("published")
-            if seq == 0 and not run.resumed:
-                metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
+        emit = self._emit_output(envelope, event, run, to_caller=to_caller)
+        if self.speculation is not None:
+            self.speculation.hold(emit)  # goes out when (if) the caller's turn is confirmed
         else:
-            self.count("background_outputs")  # heard by the session's bridges only
-        # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,
-        # which is the common case and keeps a busy worker's event loop free for interrupts
-        if self._heard_by_bridges(type(event)):
-            self._inbox.put_nowait(message_of(envelope, event))
+            await emit()
+
+    def _emit_output(self, envelope: Envelope, event: Event, run: TurnRun, *, to_caller: bool) -> Action:
+        async def emit() -> None:
+            turn, seq = envelope.turn, envelope.seq
+            if to_caller:
+                if isinstance(event, AgentResponse):
+                    self.ledger.published(turn, seq, event.content)
+                await self.transport.publish(envelope, OUT)
+                self.count("published")
+                if seq == 0 and not run.resumed:
+                    metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
+            else:
+                self.count("background_outputs")  # heard by the session's bridges only
+            # the session's bridges hear it too (background nodes, Line-style); skipped when none
+            # listens, which is the common case and keeps a busy worker's event loop free for interrupts
+            if self._heard_by_bridges(type(event)):
+                self._inbox.put_nowait(message_of(envelope, event))
+
+        return emit
 
     def unconditional_interrupts(self) -> set[str]:
         """Events that always cut off a turn the caller hears (no condition on the clause)."""
@@ -439,7 +545,7 @@ class SessionRuntime(SessionProcessor):
         notice = Envelope.wrap(
             self.session_id, TurnInterrupted(turn=run.turn), turn=run.turn, epoch=self.epoch
         )
-        await self.transport.publish(notice, OUT)
+        await self._send_out(notice)
 
     async def turn_started(self, run: TurnRun) -> None:
         if run.resumed:
@@ -449,8 +555,18 @@ class SessionRuntime(SessionProcessor):
 
     async def turn_finished(self, run: TurnRun | None) -> None:
         if run is not None and run.turn is not None:
-            self.ledger.finished(run.turn)
+            turn = run.turn
+            if self.speculation is not None:
+                self.speculation.hold(self._finish_in_ledger(turn))
+            else:
+                self.ledger.finished(turn)
         await self.checkpoint()
+
+    def _finish_in_ledger(self, turn: int) -> Action:
+        async def finish() -> None:
+            self.ledger.finished(turn)
+
+        return finish
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -473,6 +589,9 @@ class SessionRuntime(SessionProcessor):
         was written before, the log included, so every list is written again, item by item."""
         async with self._checkpoint_lock:
             if self.fenced or self.closed:
+                return
+            if self.speculation is not None:  # nothing of it is durable until it is confirmed
+                self._dirty = True
                 return
             if whole:
                 self._journal.forget_written()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -42,6 +43,8 @@ from bargein.agent.events import (
     Event,
     SessionError,
     SessionErrorCode,
+    SpeculationDropped,
+    SpeculativeTurn,
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
@@ -51,6 +54,7 @@ from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
 from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
+from bargein.speech.turn_end import Completion
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
@@ -66,6 +70,7 @@ FLUSH_TIMEOUT_S = 2.0  # on close, how long queued events may take to publish
 LOGGED_BAD_FRAMES = 3  # per session, the first few bad frames are logged; all are counted
 REJUDGE_WINDOWS = 5  # a held burst is transcribed again once it has this much more audio (160 ms)
 BEHIND_REPORT_S = 10.0  # a session tells its client the engine is behind at most this often
+SPECULATE_AHEAD_MS = 100.0  # a speculative turn starts only this far or more ahead of the turn's end
 
 
 class SpeechSession(SessionProcessor):
@@ -107,6 +112,7 @@ class SpeechSession(SessionProcessor):
         self._judging = False  # a held burst's words are being transcribed
         # the words of the caller's turn up to its current pause, for the turn-end judge: (pause, task)
         self._pause_words: tuple[int, asyncio.Task[tuple[str | None, bool]]] | None = None
+        self._speculation: tuple[int, str] | None = None  # (pause, words) of a SpeculativeTurn sent
         self._behind_reported = -math.inf
         # turn audio, kept only when a transcriber can use it
         self._keep_audio = not isinstance(self.transcriber, NullTranscriber)
@@ -162,6 +168,7 @@ class SpeechSession(SessionProcessor):
         if self.closed:
             return
         self.batcher.unregister(self._slot)
+        self._settle_speculation(None)  # the next owner hears the caller's turn from the start
         for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -292,6 +299,10 @@ class SpeechSession(SessionProcessor):
             elif policy.state is State.HELD and not self._judging:
                 self._judging = True
                 self._spawn(self._judge(policy.burst))
+            if self._speculation is not None and not (
+                policy.paused_in_turn and policy.pause == self._speculation[0]
+            ):
+                self._settle_speculation(None)  # the caller went on
             pause = policy.pause_needing_words()
             if pause is not None:
                 self._listen_to_pause(pause)
@@ -307,7 +318,40 @@ class SpeechSession(SessionProcessor):
         task = asyncio.get_running_loop().create_task(self._pause_transcript(pause, audio, before))
         self._tasks.add(task)  # cancelled on close with the rest
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._pause_heard, pause))
         self._pause_words = (pause, task)
+
+    def _pause_heard(self, pause: int, task: asyncio.Task[tuple[str | None, bool]]) -> None:
+        """The words of a pause are known: if the caller may have finished, and the judge has them
+        wait a while longer yet, the reasoning owner starts the answer now, held until the turn is
+        confirmed (``SpeculativeTurn``). Not on words that read unfinished: those callers go on."""
+        policy = self.policy
+        if task.cancelled() or self.closed or not policy.config.speculative_turns:
+            return
+        text, failed = task.result()
+        if failed or not text or pause != policy.pause or not policy.paused_in_turn:
+            return
+        verdict = policy.judge.judge(text)
+        if verdict.completion is Completion.UNFINISHED:
+            return
+        if verdict.silence_ms - policy.pause_ms < SPECULATE_AHEAD_MS:
+            return  # the turn ends about now anyway
+        self._speculation = (pause, text)
+        self.counters["speculative_starts"] += 1
+        self._send(SpeculativeTurn(transcript=text), IN)
+
+    def _settle_speculation(self, words: str | None) -> None:
+        """The caller's turn ends with ``words`` (None: it did not end, they went on): a speculative
+        turn on the same words is confirmed by them; otherwise it is dropped, before anything else
+        is said."""
+        speculation, self._speculation = self._speculation, None
+        if speculation is None:
+            return
+        if words == speculation[1]:
+            self.counters["speculative_hits"] += 1
+        else:
+            self.counters["speculative_drops"] += 1
+            self._send(SpeculationDropped(), IN)
 
     async def _pause_transcript(
         self, pause: int, audio: bytes, before: asyncio.Task[tuple[str | None, bool]] | None
@@ -389,8 +433,10 @@ class SpeechSession(SessionProcessor):
                 self.counters["backchannels_after_cut"] += 1
             else:
                 self.counters["transcripts"] += 1
+                self._settle_speculation(text)
                 self._send(UserTranscriptionReceived(content=text), IN)
                 policy.note_transcript()
+        self._settle_speculation(None)  # the burst ends without those words: no turn of theirs
         self._busy = False
         if not self.closed:
             self._advance()

@@ -99,6 +99,7 @@ class TurnConfig:
     turn_detector: str = _DEFAULTS["turn_detector"]
     end_silence_ms: float = _DEFAULTS["end_silence_ms"]
     max_silence_ms: float = _DEFAULTS["max_silence_ms"]
+    speculative_turns: bool = _DEFAULTS["speculative_turns"]
     false_interruption_timeout_ms: float = _DEFAULTS["false_interruption_timeout_ms"]
     interrupt_words: int = _DEFAULTS["interrupt_words"]
     max_backchannel_ms: float = _DEFAULTS["max_backchannel_ms"]
@@ -267,6 +268,16 @@ class TurnPolicy:
     @property
     def words_due(self) -> bool:
         return self._words_due
+
+    @property
+    def paused_in_turn(self) -> bool:
+        """The caller holds the floor and is silent: a pause that may end their turn."""
+        return self.state is State.SPEAKING and self._silence_start_ms is not None
+
+    @property
+    def pause_ms(self) -> float:
+        """How long the current pause has lasted so far (0 while voiced)."""
+        return 0.0 if self._silence_start_ms is None else self.at_ms - self._silence_start_ms
 
     def pause_words(self, pause: int, text: str | None, *, failed: bool = False) -> Verdict | None:
         """The words of the caller's turn up to pause ``pause`` (``failed``: the engine could not

@@ -1,0 +1,168 @@
+"""Speculative turns in the runtime: started on the caller's words so far (``SpeculativeTurn``),
+held until the caller's turn ends with the same words, dropped without trace otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from bargein import (
+    AgentGenerationComplete,
+    AgentResponse,
+    ConversationContext,
+    Event,
+    ReasoningNode,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
+from bargein.agent.events import SpeculationDropped, SpeculativeTurn, TurnInterrupted
+from bargein.agent.llm import ScriptedLLM
+from bargein.testing import LocalSession
+from bargein.wire.names import TIER_REASONING
+
+from ..agents import interruptible_agent
+from .helpers import ask, history, reply_text, wait_for
+
+REPLY = " ".join(f"w{i}" for i in range(30))
+
+
+class Watched(ReasoningNode):
+    """Says what happens to its generations: started, cancelled (the LLM request given up), done."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(llm_client=ScriptedLLM([REPLY], first_token_delay=0.01, tokens_per_second=200))
+        self._log = log
+
+    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
+        self._log.append("start")
+        try:
+            async for text in self.generate_response(context):
+                yield AgentResponse(content=text)
+        except asyncio.CancelledError:
+            self._log.append("cancelled")
+            raise
+        self._log.append("done")
+
+    def on_interrupt_generate(self, *_: Any) -> None:
+        self._log.append("handler")
+
+
+def session(log: list[str]) -> LocalSession:
+    return LocalSession(interruptible_agent(lambda: Watched(log)))
+
+
+async def held(s: LocalSession, n: int) -> None:
+    """Wait until the speculative turn holds ``n`` outputs."""
+    await wait_for(lambda: s.runtime.speculation is not None and len(s.runtime.speculation.held) >= n)
+
+
+async def saved_state(s: LocalSession) -> bytes | None:
+    return await s.store.load_state(TIER_REASONING, s.session_id)
+
+
+async def test_a_dropped_speculative_turn_leaves_no_trace() -> None:
+    log: list[str] = []
+    async with session(log) as s:
+        await ask(s, "first")
+        await s.collect_turn()
+        before = history(s)
+        await s.emit(SpeculativeTurn(transcript="my account number is"))
+        await held(s, 1)
+        state = await saved_state(s)
+        await held(s, 3)  # it answers, and holds the answer
+        assert await saved_state(s) == state and state is not None  # nothing of it is durable
+        assert b"my account number is" not in state
+        await s.emit(SpeculationDropped())
+        assert await s.quiet(0.3) == []  # nothing reached the caller: no chunk, no notice, no clear
+        assert log == ["start", "done", "start", "cancelled"]  # the LLM request was given up
+        assert "handler" not in log  # no interrupt: it never happened
+        assert history(s) == before
+        assert s.runtime.speculation is None
+        counters = s.runtime.counters
+        assert (counters["speculations"], counters["speculations_dropped"]) == (1, 1)
+        # and the session goes on as before: the next turn is an ordinary one
+        await ask(s, "second")
+        assert reply_text(await s.collect_turn()) == REPLY
+        assert [m for m in history(s) if m[0] == "user"] == [("user", "first"), ("user", "second")]
+
+
+async def test_a_confirmed_speculative_turn_is_released_at_once() -> None:
+    log: list[str] = []
+    async with session(log) as s:
+        await s.emit(SpeculativeTurn(transcript="I want a refund"))
+        await wait_for(lambda: "done" in log)  # the whole answer, held
+        assert await s.quiet(0.1) == []
+        await ask(s, "I want a refund")  # the turn's usual end, the same words: confirmed
+        events = await s.collect_turn(timeout=1.0)
+        assert reply_text(events) == REPLY
+        assert log == ["start", "done"]  # one generation: the confirmation started none
+        assert history(s) == [("user", "I want a refund"), ("assistant", REPLY)]
+        assert s.runtime.counters["speculations_confirmed"] == 1
+        assert await saved_state(s) is not None
+
+
+async def test_a_speculative_turn_still_running_when_confirmed_streams_on() -> None:
+    log: list[str] = []
+    slow = interruptible_agent(tokens_per_second=40, replies=(REPLY,))
+    async with LocalSession(slow) as s:
+        await s.emit(SpeculativeTurn(transcript="hello"))
+        await held(s, 2)
+        await ask(s, "hello")
+        events = await s.collect_turn()
+        assert reply_text(events) == REPLY
+        assert [type(e) for e in events].count(AgentGenerationComplete) == 1
+        assert log == []
+
+
+async def test_other_words_start_the_turn_again() -> None:
+    log: list[str] = []
+    async with session(log) as s:
+        await s.emit(SpeculativeTurn(transcript="I would like to book a table for"))
+        await held(s, 2)
+        await ask(s, "I would like to book a table for two")
+        events = await s.collect_turn()
+        assert reply_text(events) == REPLY
+        assert log[:2] == ["start", "cancelled"] and log[2:] == ["start", "done"]
+        assert history(s) == [("user", "I would like to book a table for two"), ("assistant", REPLY)]
+        assert s.runtime.counters["speculations_dropped"] == 1
+
+
+async def test_a_barge_in_during_a_speculative_turn_drops_it_silently() -> None:
+    """The stop button in the caller's own pause: the answer nobody heard is dropped, no notice."""
+    log: list[str] = []
+    async with session(log) as s:
+        await s.emit(SpeculativeTurn(transcript="hello"))
+        await held(s, 2)
+        await s.emit(UserStartedSpeaking())
+        received = await s.quiet(0.3)
+        assert not [e for e in received if isinstance(e, AgentResponse | TurnInterrupted)]
+        assert "handler" not in log and history(s) == []
+
+
+async def test_a_speculative_turn_on_an_owner_that_dies_is_run_by_the_adopter() -> None:
+    log: list[str] = []
+    async with session(log) as s:
+        await ask(s, "first")
+        await s.collect_turn()
+        await s.emit(SpeculativeTurn(transcript="second"))
+        await held(s, 3)
+        await s.crash()  # nothing of the speculation was durable; the adopter never heard of it
+        await s.emit(UserTranscriptionReceived(content="second"))
+        await s.emit(UserStoppedSpeaking())
+        events = await s.collect_turn()
+        assert reply_text(events) == REPLY  # once, whole
+        assert [m for m in history(s) if m[0] == "user"] == [("user", "first"), ("user", "second")]
+
+
+async def test_a_graceful_stop_during_a_speculative_turn_hands_over_the_session_as_it_was() -> None:
+    log: list[str] = []
+    async with session(log) as s:
+        await s.emit(SpeculativeTurn(transcript="hello"))
+        await held(s, 2)
+        await s.restart()  # drain: the speculation is dropped, the checkpoint is the real state
+        assert history(s) == []
+        await ask(s, "hello")
+        assert reply_text(await s.collect_turn()) == REPLY
+        assert history(s) == [("user", "hello"), ("assistant", REPLY)]
