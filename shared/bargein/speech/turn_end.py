@@ -105,6 +105,10 @@ NUMBER_WORDS: Final = _wordlist(
     """
 )
 READ_OUT_DIGITS: Final = 3  # a trailing number of this many digits (or number words) may go on
+# Fewer words than this are never sure to be all: "Yes." and "Wait, stop." are often followed by
+# more ("Yes. I would like ...", "Wait, stop, I would rather ..."), after a pause a speaker makes
+# anyway. They wait min_silence_ms, as every turn did before.
+FINISHED_WORDS: Final = 3
 _CUT_OFF = re.compile(r"(\.\.\.|…|[-,\u2013\u2014])\s*$")  # "is...", "six,", "I-"
 _ENDS = re.compile(r"[.!?][\"')\]]*\s*$")
 
@@ -122,7 +126,7 @@ def completion(text: str | None) -> Completion:
         return Completion.UNFINISHED
     if _reads_out_a_number(words):
         return Completion.UNFINISHED
-    if words[-1] in PARTICLES:
+    if words[-1] in PARTICLES or len(words) < FINISHED_WORDS:
         return Completion.UNSURE
     return Completion.FINISHED if _ENDS.search(text) else Completion.UNSURE
 

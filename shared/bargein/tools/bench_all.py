@@ -113,6 +113,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         r"target|first agent audio",
     ),
     Scenario(
+        "turns",
+        ("turns",),
+        ("turns", "--voices", "en-us", "--rates", "170", "--sentences", "1", "--callers", "1"),
+        "callers who pause mid-sentence or finish: premature answers, time to the answer, beside Pipecat",
+        r"target|^\s+(turn end|judge|text|silence|pipecat|fixed)|speculative turns",
+    ),
+    Scenario(
         "stt",
         ("stt",),
         ("stt", *SPEECH_CORPUS_QUICK, "--clips", "2", "--sessions", "1"),

@@ -136,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     stt.add_argument("--sessions", default="1,2,4,8,16", help="comma-separated caller counts to try")
     stt.add_argument("--clips", type=_positive, default=24, help="turns per latency and load test")
     _corpus_arguments(stt)
+    turns = bench_sub.add_parser(
+        "turns",
+        help="callers who pause mid-sentence and callers who finish: premature answers, time to the answer",
+    )
+    turns.add_argument("--callers", type=_positive, default=2, help="callers at a time (default 2)")
+    turns.add_argument("--voices", help="comma-separated espeak-ng voices (default: en-us,en-gb,en-us+f3)")
+    turns.add_argument("--rates", help="comma-separated words a minute (default: 150,185)")
+    turns.add_argument(
+        "--sentences", type=_positive, help="the first N sentences of each kind (default: all 8)"
+    )
     e2e = bench_sub.add_parser(
         "e2e", help="callers talking over the agent's voice: time to silence, false cuts, turn latency"
     )
@@ -271,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_all import main as all_main
 
             return all_main(args.quick, args.only, args.markdown_path, args.json_path, args.plots_dir)
+        if args.command == "bench" and args.bench == "turns":
+            from bargein.tools.bench_turns import turns_main
+
+            size = _corpus_size(argparse.Namespace(voices=args.voices, rates=args.rates, phrases=None))
+            return turns_main(args.callers, size.voices, size.rates, args.sentences)
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
