@@ -306,7 +306,7 @@ class VoiceSettings(_Base):
         default=12, ge=1, le=200, description="A phrase is spoken at this many words, punctuated or not."
     )
     phrase_max_wait_ms: float = Field(
-        default=300,
+        default=200,
         ge=0,
         le=10_000,
         description="With nothing left to play, a phrase's words waiting this long are spoken.",

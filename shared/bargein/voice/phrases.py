@@ -41,7 +41,7 @@ class PhraseRules:
 
     min_words: int = 4  # a clause boundary ends a phrase of at least this many words
     max_words: int = 12  # a phrase is spoken once it has this many words, punctuated or not
-    max_wait_ms: float = 300.0  # ... or once its text has waited this long with nothing left to play
+    max_wait_ms: float = 200.0  # ... or once its text has waited this long with nothing left to play
 
     @classmethod
     def from_settings(cls, settings: VoiceSettings) -> PhraseRules:
