@@ -156,6 +156,22 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
     # measured with every caller still on the line; each hung up, and the services ended each session
     assert re.search(r"\((\d+) sessions, \1 callers connected\)", sessions), sessions
     assert "could not hang up" not in sessions and "had not ended" not in sessions, sessions
+    # the turn-taking bench's report (no other smoke test): each way of ending a turn measured, the
+    # speculative turns counted by both services, the peers judged offline beside them
+    turns = "\n".join(outcomes["turns"]["output"])
+    for variant in (
+        "text",
+        "text, no speculation",
+        "silence 500 ms",
+        "Pipecat smart-turn v3.2",
+        "fixed 500 ms",
+    ):
+        assert re.search(rf"^\s+{re.escape(variant)}\s+\d+\.\d\s+\d+\.\d\s+\d+\s+\d+$", turns, re.M), (
+            variant,
+            turns,
+        )
+    assert re.search(r"speculative turns: (\d+) started, .* \(the reasoning owner: \1 started", turns), turns
+    assert "target: premature answers" in turns and "target: end of speech → first agent audio" in turns
     # the speech-to-text bench's report, whole (it has no other smoke test)
     stt = "\n".join(outcomes["stt"]["output"])
     assert re.search(r"word error rate \d+\.\d% on the corpus, \d+\.\d% on the demo.s call", stt), stt

@@ -28,6 +28,7 @@ from bargein import (
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
+from bargein.agent.events import SpeculationDropped, SpeculativeTurn
 from bargein.testing.caller import Caller
 from bargein.wire.envelope import Envelope, decode, encode, new_session_id
 from bargein.wire.names import (
@@ -320,3 +321,56 @@ async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
 
     reasons = await dead_letter_reasons(rabbitmq_url, 2, session_work_queue(TIER_REASONING))
     assert sorted(reasons) == ["bad_envelope", "bad_session"]
+
+
+# --- speculative turns over RabbitMQ (tests/sdk/test_speculation.py holds the rest in process) ---
+
+
+async def user_words(client: Client, caller: Caller) -> list[str]:
+    """The caller's words in the probe's checkpointed history."""
+    state = await client.node_state(caller, "ProbeNode")
+    return [e.content for e in state["conversation_events"] if isinstance(e, UserTranscriptionReceived)]
+
+
+async def test_a_speculative_turn_dropped_over_rabbitmq_leaves_no_trace(client: Client) -> None:
+    caller = await start(client, tail=40, word_delay=0.02)
+    await ask(caller, "first")
+    await caller.collect_turn(timeout=T)
+    await caller.emit(SpeculativeTurn(transcript="my account number is"))
+    # the owner answers it: the words are in its history (with the first turn's two events)
+    await client.wait_note(caller, "start:3")
+    assert await caller.quiet(0.6) == []  # ... and nothing of the answer reaches the edge
+    await caller.emit(SpeculationDropped())
+    await client.wait_note(caller, "cancelled")  # the generation was given up
+    assert await caller.quiet(0.4) == []  # no chunk, no TurnInterrupted, no clear
+    assert await user_words(client, caller) == ["first"]  # the checkpoint never held it
+    await ask(caller, "second")
+    events = await caller.collect_turn(timeout=T)
+    assert text_of(events).startswith("first second tail0")  # the history as if it never happened
+    assert await user_words(client, caller) == ["first", "second"]
+
+
+async def test_a_speculative_turn_confirmed_over_rabbitmq_is_the_turn(client: Client) -> None:
+    caller = await start(client, tail=20, word_delay=0.01)
+    await caller.emit(SpeculativeTurn(transcript="hello"))
+    await client.wait_note(caller, "completed")  # the whole answer, held at the owner
+    assert await caller.quiet(0.3) == []
+    await ask(caller, "hello")  # the same words: confirmed
+    events = await caller.collect_turn(timeout=T)
+    assert text_of(events) == "hello " + " ".join(f"tail{i}" for i in range(20))
+    assert [n for n in await client.notes(caller) if n.startswith("start")] == ["start:1"]  # one run
+    assert await user_words(client, caller) == ["hello"]
+
+
+async def test_a_speculative_turn_on_an_owner_killed_over_rabbitmq(client: Client, cluster: Cluster) -> None:
+    caller = await start(client, tail=20, word_delay=0.05)
+    await ask(caller, "first")
+    await caller.collect_turn(timeout=T)
+    await caller.emit(SpeculativeTurn(transcript="second"))
+    await client.wait_note(caller, "start:3")
+    cluster.by_pid(await client.owner_pid(caller)).kill()  # nothing of the speculation was durable
+    cluster.start()
+    await ask(caller, "second")  # the confirmation reaches the adopter as an ordinary turn
+    events = await caller.collect_turn(timeout=30)
+    assert text_of(events) == "first second " + " ".join(f"tail{i}" for i in range(20))
+    assert await user_words(client, caller) == ["first", "second"]

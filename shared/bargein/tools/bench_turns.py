@@ -451,6 +451,7 @@ async def run_turns_bench(
     voices: Sequence[str] = VOICES,
     rates: Sequence[int] = RATES,
     sentences: int | None = None,
+    pauses_ms: Sequence[float] = PAUSES_MS,
     rabbitmq_url: str | None = None,
     redis_url: str | None = None,
     out: TextIO | None = None,
@@ -460,7 +461,7 @@ async def run_turns_bench(
     from bargein.tools.turn_corpus import FINISHED, PAUSED
 
     n = sentences if sentences is not None else max(len(PAUSED), len(FINISHED))
-    clips = build(voices=voices, rates=rates, pauses_ms=PAUSES_MS, paused=PAUSED[:n], finished=FINISHED[:n])
+    clips = build(voices=voices, rates=rates, pauses_ms=pauses_ms, paused=PAUSED[:n], finished=FINISHED[:n])
     paused = sum(c.kind == "paused" for c in clips)
     say(
         out,
@@ -486,12 +487,20 @@ async def run_turns_bench(
 
 
 def turns_main(
-    callers: int, voices: Sequence[str] | None, rates: Sequence[int] | None, sentences: int | None
+    callers: int,
+    voices: Sequence[str] | None,
+    rates: Sequence[int] | None,
+    sentences: int | None,
+    pauses_ms: Sequence[float] | None = None,
 ) -> int:
     """``bargein bench turns``: run the bench, print the report."""
     return run_main(
         lambda: run_turns_bench(
-            callers=callers, voices=voices or VOICES, rates=rates or RATES, sentences=sentences
+            callers=callers,
+            voices=voices or VOICES,
+            rates=rates or RATES,
+            sentences=sentences,
+            pauses_ms=pauses_ms or PAUSES_MS,
         ),
         "turns",
     )

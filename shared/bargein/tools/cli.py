@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument(
         "--sentences", type=_positive, help="the first N sentences of each kind (default: all 8)"
     )
+    turns.add_argument("--pauses", help="comma-separated pauses mid-sentence in ms (default: 500,800,1200)")
     e2e = bench_sub.add_parser(
         "e2e", help="callers talking over the agent's voice: time to silence, false cuts, turn latency"
     )
@@ -285,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_turns import turns_main
 
             size = _corpus_size(argparse.Namespace(voices=args.voices, rates=args.rates, phrases=None))
-            return turns_main(args.callers, size.voices, size.rates, args.sentences)
+            pauses = [float(ms) for ms in _counts(args.pauses)] if args.pauses else None
+            return turns_main(args.callers, size.voices, size.rates, args.sentences, pauses)
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
