@@ -188,9 +188,9 @@ class SpeechSettings(_Base):
     min_silence_ms: float = Field(
         default=500, ge=32, description="Silence that ends the user's turn (the text judge: when unsure)."
     )
-    turn_detector: Literal["auto", "silence", "text"] = Field(
+    turn_detector: Literal["auto", "silence", "text", "smart-turn"] = Field(
         default="auto",
-        description="What ends the caller's turn: silence, or text (its words); auto: text if transcribed.",
+        description="What ends the caller's turn: silence, text (its words), smart-turn (an acoustic model).",
     )
     end_silence_ms: float = Field(
         default=250, ge=32, description="text: silence that ends a turn whose words read finished."

@@ -323,7 +323,7 @@ async def test_a_transcript_makes_a_short_burst_a_turn_and_arrives_before_the_st
     rig = Rig(transcriber=transcriber)
     await rig.worker.start()
     try:
-        session = await rig.open()
+        session = await rig.open({"turn_taking": {"speculative_turns": False}})  # its words, no more
         await session.stream(pcm("short_burst.wav"))
         await session.expect(["UserStartedSpeaking", "UserTranscriptionReceived", "UserStoppedSpeaking"])
         transcript = session.to_agent[1][1]

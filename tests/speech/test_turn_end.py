@@ -7,7 +7,14 @@ import pytest
 
 from bargein.errors import TurnTakingError
 from bargein.settings import SpeechSettings, check_turn_taking, load
-from bargein.speech.turn_end import Completion, SilenceJudge, TextJudge, completion, resolve_detector
+from bargein.speech.turn_end import (
+    Completion,
+    Heard,
+    SilenceJudge,
+    TextJudge,
+    completion,
+    resolve_detector,
+)
 from bargein.speech.turns import PAUSE_WORDS_AFTER_MS, TurnConfig, TurnPolicy
 
 W = 32.0
@@ -69,16 +76,18 @@ def test_no_words_or_no_punctuation_is_unsure(text: str | None) -> None:
 def test_the_judges_waits() -> None:
     text = TextJudge(end_silence_ms=250, min_silence_ms=500, max_silence_ms=2000)
     assert text.needs_words and text.soonest_ms == 250
-    assert text.judge("I want a refund.").silence_ms == 250
-    assert text.judge("and the").silence_ms == 2000
-    assert text.judge("thanks").silence_ms == 500
-    assert text.judge(None).silence_ms == 500  # the engine failed: today's wait
+    assert text.judge(Heard("I want a refund.")).silence_ms == 250
+    assert text.judge(Heard("and the")).silence_ms == 2000
+    assert text.judge(Heard("thanks")).silence_ms == 500
+    assert text.judge(Heard()).silence_ms == 500  # no words yet
+    assert text.judge(Heard("I want a refund.", failed=True)).silence_ms == 500  # the engine failed
     # an unfinished sentence never waits less than an unsure one, whatever the settings say
     assert (
-        TextJudge(end_silence_ms=100, min_silence_ms=800, max_silence_ms=300).judge("and").silence_ms == 800
+        TextJudge(end_silence_ms=100, min_silence_ms=800, max_silence_ms=300).judge(Heard("and")).silence_ms
+        == 800
     )
     silence = SilenceJudge(500)
-    assert not silence.needs_words and silence.judge("and the").silence_ms == 500
+    assert not silence.needs_words and silence.judge(Heard("and the")).silence_ms == 500
 
 
 def test_auto_is_text_where_words_are_heard() -> None:
@@ -86,6 +95,8 @@ def test_auto_is_text_where_words_are_heard() -> None:
     assert resolve_detector("auto", words=False) == "silence"
     assert resolve_detector("text", words=False) == "silence"  # nothing to read
     assert resolve_detector("silence", words=True) == "silence"
+    assert resolve_detector("smart-turn", words=True) == "smart-turn"
+    assert resolve_detector("smart-turn", words=False) == "silence"
 
 
 def test_the_detector_and_its_waits_are_settings_and_per_session_options(
@@ -105,6 +116,7 @@ def test_the_detector_and_its_waits_are_settings_and_per_session_options(
     }
     with pytest.raises(TurnTakingError, match="turn_detector"):
         check_turn_taking({"turn_detector": "smart"})
+    assert check_turn_taking({"turn_detector": "smart-turn"}) == {"turn_detector": "smart-turn"}
     with pytest.raises(TurnTakingError, match="end_silence_ms"):
         check_turn_taking({"end_silence_ms": 10})
 
@@ -127,7 +139,7 @@ class Caller:
         for p in probabilities:
             if policy.words_due and policy.would_end_burst(p):  # the service waits for them here
                 words = self.words.pop(0)
-                policy.pause_words(policy.pause, words)
+                policy.pause_words(policy.pause, Heard(words))
                 if words:
                     policy.note_transcript()  # a turn with words: never a false interruption
             for emission in policy.feed(p):
@@ -194,7 +206,7 @@ def test_late_words_of_a_pause_the_caller_spoke_through_are_ignored() -> None:
     assert pause is not None
     policy.expect_words(pause)
     policy.feed(HI)  # the caller goes on before the words come back
-    assert policy.pause_words(pause, "I want a refund.") is None
+    assert policy.pause_words(pause, Heard("I want a refund.")) is None
     for p in [LO] * windows(100):
         policy.feed(p)
     assert policy.pause_needing_words() == pause + 1  # the new pause needs words of its own

@@ -11,7 +11,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bargein.agent.events import SpeculativeTurn, UserTranscriptionReceived
-from bargein.settings import SpeechSettings, load
+from bargein.errors import SettingsError
+from bargein.settings import CoreSettings, SpeechSettings, load
+from bargein.speech import smart_turn
+from bargein.speech.session import speech_factory
+from bargein.speech.smart_turn import shared_smart_turn
 from bargein.speech.whisper import WhisperTranscriber
 from bargein.tools.turn_corpus import Clip, build
 
@@ -165,3 +169,44 @@ async def test_speculative_turns_are_off_with_a_setting() -> None:
         assert session.runtime.counters["speculative_starts"] == 0
     finally:
         await rig.close()
+
+
+# --- the smart-turn judge: Pipecat's acoustic model, from the pipecat-ai wheel ----------------------
+
+
+def test_the_smart_turn_model_says_how_complete_a_turn_sounds(clips: dict[str, Clip]) -> None:
+    model = shared_smart_turn()
+    for clip in clips.values():
+        end = int((clip.end_ms + 200) * 32) // 2 * 2  # the turn, and the first 200 ms of its silence
+        assert 0.0 <= model.probability(clip.audio[:end]) <= 1.0
+    assert model.probability(b"") >= 0.0  # nothing heard yet: still an answer, never an error
+
+
+async def test_a_session_judged_by_the_smart_turn_model(clips: dict[str, Clip]) -> None:
+    rig = Rig(load(SpeechSettings, turn_detector="smart-turn"), transcriber=FixedTranscriber("words"))
+    rig.factory.smart_turn = shared_smart_turn()  # what speech_factory loads at start-up
+    await rig.worker.start()
+    try:
+        session = await rig.open()
+        await session.stream(clips["finished"].audio)
+        await wait_until(lambda: "UserStoppedSpeaking" in session.kinds())
+        counters = session.runtime.counters
+        verdicts = sum(counters[f"turn_end_{v}"] for v in ("finished", "unfinished", "unsure"))
+        assert counters["pause_transcriptions"] >= 1 and verdicts >= 1
+        assert counters["turn_end_unsure"] == 0  # the model answered every pause: never unsure
+        assert session.runtime.policy.judge.name == "smart-turn"
+    finally:
+        await rig.close()
+
+
+def test_without_the_model_the_speech_service_stops_at_start_up_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BARGEIN_TURN_DETECTOR", "smart-turn")
+    monkeypatch.setattr(smart_turn, "MODEL_PACKAGE", "bargein.no_such_package")
+    smart_turn.shared_smart_turn.cache_clear()  # the process has not loaded it yet
+    try:
+        with pytest.raises(SettingsError, match=r"BARGEIN_TURN_DETECTOR=smart-turn.*bargein\[peers\]"):
+            speech_factory(load(CoreSettings), transcriber=FixedTranscriber("words"))
+    finally:
+        smart_turn.shared_smart_turn.cache_clear()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -48,13 +49,14 @@ from bargein.agent.events import (
     UserTranscriptionReceived,
 )
 from bargein.agent.message import Source
-from bargein.errors import NotOwner, TranscriberBehind
+from bargein.errors import NotOwner, SettingsError, TranscriberBehind
 from bargein.hosting.host import Ownership, ProcessorFactory
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
+from bargein.speech.smart_turn import SmartTurnModel, shared_smart_turn
 from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
-from bargein.speech.turn_end import Completion
+from bargein.speech.turn_end import Completion, Heard
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
@@ -85,6 +87,7 @@ class SpeechSession(SessionProcessor):
         settings: SpeechSettings,
         batcher: VadBatcher,
         transcriber: Transcriber | None = None,
+        smart_turn: SmartTurnModel | None = None,
     ) -> None:
         self.info: SessionInfo = own.info
         self.session_id = own.info.session_id
@@ -100,6 +103,7 @@ class SpeechSession(SessionProcessor):
         self.settings = settings
         self.batcher = batcher
         self.transcriber: Transcriber = transcriber or NullTranscriber()
+        self.smart_turn = smart_turn  # the process's acoustic end-of-turn model, if it loaded one
         self.counters: collections.Counter[str] = Counted("speech")
         self.policy = TurnPolicy(TurnConfig.from_settings(settings))
         self.closed = False
@@ -111,7 +115,7 @@ class SpeechSession(SessionProcessor):
         self._asked = False  # the transcriber was asked about the current burst
         self._judging = False  # a held burst's words are being transcribed
         # the words of the caller's turn up to its current pause, for the turn-end judge: (pause, task)
-        self._pause_words: tuple[int, asyncio.Task[tuple[str | None, bool]]] | None = None
+        self._pause_words: tuple[int, asyncio.Task[Heard]] | None = None
         self._speculation: tuple[int, str] | None = None  # (pause, words) of a SpeculativeTurn sent
         self._behind_reported = -math.inf
         # turn audio, kept only when a transcriber can use it
@@ -136,19 +140,28 @@ class SpeechSession(SessionProcessor):
             self.counters["bad_turn_taking"] += 1
             self._send(SessionError(code=SessionErrorCode.BAD_TURN_TAKING, message=str(exc)), OUT)
             config = base
+        if config.turn_detector == "smart-turn" and self.smart_turn is None and self._keep_audio:
+            try:  # asked for by this session only: the process loads the model once, now
+                self.smart_turn = shared_smart_turn()
+            except SettingsError as exc:
+                log.warning("session %s: %s; judging turns by their words", self.session_id, exc)
+                self._send(SessionError(code=SessionErrorCode.BAD_TURN_TAKING, message=str(exc)), OUT)
+                config = dataclasses.replace(config, turn_detector="text")
         self.policy = TurnPolicy(config, judges=self._keep_audio)
         self._publisher = asyncio.create_task(self._publish_loop(), name=f"speech-out:{self.session_id}")
-        if config.turn_detector == "text" and not self._keep_audio:
+        if config.turn_detector in ("text", "smart-turn") and not self._keep_audio:
             log.warning(
-                "session %s: turn_detector 'text' needs speech-to-text (BARGEIN_STT); "
+                "session %s: turn_detector %r needs speech-to-text (BARGEIN_STT); "
                 "ending turns by silence alone",
                 self.session_id,
+                config.turn_detector,
             )
         judge = self.policy.judge
         ends = (
-            f"by its words after {config.end_silence_ms:.0f} ms (finished), {config.min_silence_ms:.0f} ms "
-            f"(unsure) or {config.max_silence_ms:.0f} ms (unfinished) of silence"
-            if judge.needs_words
+            f"by the {judge.name} judge after {config.end_silence_ms:.0f} ms (finished),"
+            f" {config.min_silence_ms:.0f} ms (unsure) or {config.max_silence_ms:.0f} ms (unfinished)"
+            " of silence"
+            if judge.needs_words or judge.needs_audio
             else f"after {config.min_silence_ms:.0f} ms of silence"
         )
         log.info(
@@ -308,30 +321,34 @@ class SpeechSession(SessionProcessor):
                 self._listen_to_pause(pause)
 
     def _listen_to_pause(self, pause: int) -> None:
-        """The caller paused in their turn: transcribe it so far, so the turn-end judge can tell a
-        finished sentence (end it soon) from one that goes on (wait). One transcription of a
-        session's pauses runs at a time: this one starts when the last one is done, unless the
-        caller has spoken on meanwhile (then it is not made at all)."""
+        """The caller paused in their turn: transcribe it so far (and, for the smart-turn judge,
+        ask the acoustic model), so the turn-end judge can tell a finished sentence (end it soon)
+        from one that goes on (wait). One such hearing of a session's pauses runs at a time: this
+        one starts when the last one is done, unless the caller has spoken on meanwhile (then it is
+        not made at all)."""
         self.policy.expect_words(pause)
         audio = b"".join(self._turn_audio)
         before = self._pause_words[1] if self._pause_words is not None else None
-        task = asyncio.get_running_loop().create_task(self._pause_transcript(pause, audio, before))
+        task = asyncio.get_running_loop().create_task(self._hear_pause(pause, audio, before))
         self._tasks.add(task)  # cancelled on close with the rest
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(functools.partial(self._pause_heard, pause))
         self._pause_words = (pause, task)
 
-    def _pause_heard(self, pause: int, task: asyncio.Task[tuple[str | None, bool]]) -> None:
+    def _pause_heard(self, pause: int, task: asyncio.Task[Heard]) -> None:
         """The words of a pause are known: if the caller may have finished, and the judge has them
         wait a while longer yet, the reasoning owner starts the answer now, held until the turn is
         confirmed (``SpeculativeTurn``). Not on words that read unfinished: those callers go on."""
         policy = self.policy
         if task.cancelled() or self.closed or not policy.config.speculative_turns:
             return
-        text, failed = task.result()
-        if failed or not text or pause != policy.pause or not policy.paused_in_turn:
+        heard = task.result()
+        text = heard.words
+        if heard.failed or not text or pause != policy.pause or not policy.paused_in_turn:
             return
-        verdict = policy.judge.judge(text)
+        if policy.only_listening(text):  # an "uh-huh" that cut the agent off by timing: no turn
+            return
+        verdict = policy.judge.judge(heard)
         if verdict.completion is Completion.UNFINISHED:
             return
         if verdict.silence_ms - policy.pause_ms < SPECULATE_AHEAD_MS:
@@ -353,23 +370,38 @@ class SpeechSession(SessionProcessor):
             self.counters["speculative_drops"] += 1
             self._send(SpeculationDropped(), IN)
 
-    async def _pause_transcript(
-        self, pause: int, audio: bytes, before: asyncio.Task[tuple[str | None, bool]] | None
-    ) -> tuple[str | None, bool]:
+    async def _hear_pause(self, pause: int, audio: bytes, before: asyncio.Task[Heard] | None) -> Heard:
         if before is not None:
             await asyncio.wait([before])
-        if pause != self.policy.pause:  # the caller went on: the words of a later pause will judge
-            return None, True
+        if pause != self.policy.pause:  # the caller went on: a later pause will be heard
+            return Heard(failed=True)
         self.counters["pause_transcriptions"] += 1
-        return await self._words(audio)
+        if not self.policy.judge.needs_audio or self.smart_turn is None:
+            return await self._heard(audio)
+        heard, complete = await asyncio.gather(self._heard(audio), self._complete(audio))
+        return dataclasses.replace(heard, complete=complete)
 
-    def _words_of_turn(self) -> Awaitable[tuple[str | None, bool]]:
+    async def _heard(self, audio: bytes) -> Heard:
+        text, failed = await self._words(audio)
+        return Heard(text, failed)
+
+    async def _complete(self, audio: bytes) -> float | None:
+        """The acoustic model's probability that the turn whose audio this is is complete."""
+        assert self.smart_turn is not None
+        try:
+            return await self.smart_turn.complete(audio)
+        except Exception:
+            self.counters["smart_turn_errors"] += 1
+            log.exception("session %s: the smart-turn model failed; judging without it", self.session_id)
+            return None
+
+    def _words_of_turn(self) -> Awaitable[Heard]:
         """The words of the burst ending now: those already being transcribed for its current pause
         (the audio since is silence), or a transcription of it all."""
         job = self._pause_words
         if job is not None and job[0] == self.policy.pause and not job[1].cancelled():
             return job[1]
-        return self._words(b"".join(self._turn_audio))
+        return self._heard(b"".join(self._turn_audio))
 
     def _emit(self, emissions: list[Emission]) -> None:
         for emission in emissions:
@@ -409,14 +441,15 @@ class SpeechSession(SessionProcessor):
             self._turn_audio = []
             self._pre_roll.append(window)
 
-    async def _transcribe(self, words: Awaitable[tuple[str | None, bool]]) -> None:
+    async def _transcribe(self, words: Awaitable[Heard]) -> None:
         """The burst ends with the next window: its words first. A held burst is judged by them
         (a barge-in after all, or a backchannel); a turn gets them in its history, unless the
         turn-end judge reads them as unfinished: then the turn goes on, waiting longer."""
         policy = self.policy
-        text, failed = await words
+        heard = await words
+        text, failed = heard.words, heard.failed
         if policy.words_due:
-            verdict = policy.pause_words(policy.pause, text, failed=failed)
+            verdict = policy.pause_words(policy.pause, heard)
             if verdict is not None:
                 self.counters[f"turn_end_{verdict.completion.value}"] += 1
             upcoming = self._probabilities[0] if self._probabilities else None
@@ -540,10 +573,12 @@ class SpeechSessions:
         *,
         batcher: VadBatcher | None = None,
         transcriber: Transcriber | None = None,
+        smart_turn: SmartTurnModel | None = None,
     ) -> None:
         self.settings = settings
         self.batcher = batcher or VadBatcher(tick_ms=settings.vad_tick_ms, max_batch=settings.vad_max_batch)
         self.transcriber = transcriber
+        self.smart_turn = smart_turn
 
     def __call__(self, own: Ownership) -> SpeechSession:
         return SpeechSession(
@@ -551,6 +586,7 @@ class SpeechSessions:
             settings=self.settings,
             batcher=self.batcher,
             transcriber=self.transcriber,
+            smart_turn=self.smart_turn,
         )
 
 
@@ -569,9 +605,13 @@ def speech_factory(core: CoreSettings, *, transcriber: Transcriber | None = None
     )
     if transcriber is None:
         transcriber = transcriber_from_settings(load(TranscriptionSettings))
+    # the acoustic end-of-turn model, when the service's turns are judged by it: a missing model
+    # stops the service here, naming the setting
+    smart_turn = shared_smart_turn() if settings.turn_detector == "smart-turn" else None
     factory: Callable[[Ownership], SpeechSession] = SpeechSessions(
         settings,
         batcher=batcher,
-        transcriber=transcriber,  # sessions gone quiet are ended by the host (BARGEIN_SESSION_IDLE_S)
+        transcriber=transcriber,
+        smart_turn=smart_turn,  # sessions gone quiet are ended by the host (BARGEIN_SESSION_IDLE_S)
     )
     return factory

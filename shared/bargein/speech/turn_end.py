@@ -12,7 +12,10 @@ to end the turn:
 * :class:`TextJudge` (``text``, the default where speech-to-text runs): the words of the turn so
   far, transcribed as the pause begins, read by :func:`completion`: a finished sentence ends the
   turn after ``end_silence_ms``; an unfinished one waits up to ``max_silence_ms``; words that say
-  neither wait ``min_silence_ms``.
+  neither wait ``min_silence_ms``;
+* :class:`SmartTurnJudge` (``smart-turn``): an acoustic model's probability that the turn is
+  complete (:mod:`bargein.speech.smart_turn`, Pipecat's smart-turn v3.2), on the turn's audio as
+  the pause begins: complete ends it after ``end_silence_ms``, not complete waits ``max_silence_ms``.
 
 :func:`completion` is rules, not a model: measured on the corpus of ``bargein bench turns``
 (``docs/speech.md``, "The end of the caller's turn"). Speech-to-text engines punctuate what they
@@ -30,8 +33,8 @@ from typing import Final, Literal
 
 from bargein.agent.words import spoken_words
 
-TurnDetector = Literal["auto", "silence", "text"]
-TURN_DETECTORS: Final = ("auto", "silence", "text")
+TurnDetector = Literal["auto", "silence", "text", "smart-turn"]
+COMPLETE_THRESHOLD: Final = 0.5  # the smart-turn model's own: a probability above it is complete
 
 
 def _wordlist(text: str) -> frozenset[str]:
@@ -147,6 +150,15 @@ def _reads_out_a_number(words: list[str]) -> bool:
 
 
 @dataclass(frozen=True)
+class Heard:
+    """What the speech tier has of the caller's turn as a pause begins, for a judge to read."""
+
+    words: str | None = None  # the transcript so far (None: none, or the engine failed)
+    failed: bool = False  # the engine could not say (failed, timed out, behind)
+    complete: float | None = None  # the acoustic model's probability (None: not asked, or failed)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A judge's word on one pause: what the words so far read as, and the silence that ends it."""
 
@@ -164,10 +176,14 @@ class TurnEndJudge(ABC):
     def needs_words(self) -> bool:
         """Whether it reads the words (the speech tier then transcribes as each pause begins)."""
 
+    @property
+    def needs_audio(self) -> bool:
+        """Whether it reads the turn's audio (the acoustic model is asked as each pause begins)."""
+        return False
+
     @abstractmethod
-    def judge(self, words: str | None) -> Verdict:
-        """The verdict on a pause after ``words`` (None: not known, the engine failed or is
-        behind)."""
+    def judge(self, heard: Heard) -> Verdict:
+        """The verdict on a pause after what was ``heard`` (``Heard()``: nothing known yet)."""
 
     @property
     @abstractmethod
@@ -185,7 +201,7 @@ class SilenceJudge(TurnEndJudge):
     def needs_words(self) -> bool:
         return False
 
-    def judge(self, words: str | None) -> Verdict:
+    def judge(self, heard: Heard) -> Verdict:
         return Verdict(Completion.UNSURE, self.min_silence_ms)
 
     @property
@@ -208,8 +224,8 @@ class TextJudge(TurnEndJudge):
     def needs_words(self) -> bool:
         return True
 
-    def judge(self, words: str | None) -> Verdict:
-        read = completion(words)
+    def judge(self, heard: Heard) -> Verdict:
+        read = completion(None if heard.failed else heard.words)
         return Verdict(read, self.waits[read])
 
     @property
@@ -217,7 +233,31 @@ class TextJudge(TurnEndJudge):
         return min(self.waits.values())
 
 
-def resolve_detector(detector: str, *, words: bool) -> Literal["silence", "text"]:
+class SmartTurnJudge(TextJudge):
+    """The acoustic model's word on the pause: complete or not (its own threshold, 0.5)."""
+
+    name = "smart-turn"
+
+    @property
+    def needs_words(self) -> bool:
+        return False
+
+    @property
+    def needs_audio(self) -> bool:
+        return True
+
+    def judge(self, heard: Heard) -> Verdict:
+        if heard.complete is None:  # the model failed: as unsure as having no words
+            read = Completion.UNSURE
+        else:
+            read = Completion.FINISHED if heard.complete > COMPLETE_THRESHOLD else Completion.UNFINISHED
+        return Verdict(read, self.waits[read])
+
+
+def resolve_detector(detector: str, *, words: bool) -> Literal["silence", "text", "smart-turn"]:
     """``auto`` is ``text`` where speech-to-text runs (``words``), ``silence`` elsewhere; ``text``
-    without words can only be ``silence``."""
-    return "text" if words and detector in ("auto", "text") else "silence"
+    and ``smart-turn`` (which hears the audio the speech tier keeps for speech-to-text) without it
+    can only be ``silence``."""
+    if not words:
+        return "silence"
+    return "smart-turn" if detector == "smart-turn" else "silence" if detector == "silence" else "text"

@@ -75,7 +75,15 @@ from bargein.settings import (
     check_turn_taking,
     turn_taking_defaults,
 )
-from bargein.speech.turn_end import SilenceJudge, TextJudge, TurnEndJudge, Verdict, resolve_detector
+from bargein.speech.turn_end import (
+    Heard,
+    SilenceJudge,
+    SmartTurnJudge,
+    TextJudge,
+    TurnEndJudge,
+    Verdict,
+    resolve_detector,
+)
 from bargein.speech.vad import WINDOW_MS
 
 __all__ = ["TURN_TAKING_OPTION", "Emission", "State", "TurnConfig", "TurnPolicy", "TurnTakingError"]
@@ -112,13 +120,15 @@ class TurnConfig:
 
     def turn_end_judge(self, *, words: bool) -> TurnEndJudge:
         """The judge of how long a pause ends the caller's turn (``words``: speech-to-text runs)."""
-        if resolve_detector(self.turn_detector, words=words) == "text":
-            return TextJudge(
-                end_silence_ms=self.end_silence_ms,
-                min_silence_ms=self.min_silence_ms,
-                max_silence_ms=self.max_silence_ms,
-            )
-        return SilenceJudge(self.min_silence_ms)
+        detector = resolve_detector(self.turn_detector, words=words)
+        if detector == "silence":
+            return SilenceJudge(self.min_silence_ms)
+        judge = SmartTurnJudge if detector == "smart-turn" else TextJudge
+        return judge(
+            end_silence_ms=self.end_silence_ms,
+            min_silence_ms=self.min_silence_ms,
+            max_silence_ms=self.max_silence_ms,
+        )
 
     @classmethod
     def from_settings(cls, settings: SpeechSettings) -> TurnConfig:
@@ -242,7 +252,7 @@ class TurnPolicy:
             return self.config.min_silence_ms  # a burst that is no turn (yet) is not judged by words
         if self._pause_silence_ms is not None:
             return self._pause_silence_ms
-        return self.judge.soonest_ms if self._words_due else self.judge.judge(None).silence_ms
+        return self.judge.soonest_ms if self._words_due else self.judge.judge(Heard()).silence_ms
 
     def pause_needing_words(self) -> int | None:
         """The current pause of the caller's turn, if its words would say how long it must last and
@@ -250,7 +260,7 @@ class TurnPolicy:
         it has (:meth:`expect_words`)."""
         if (
             self.state is State.SPEAKING
-            and self.judge.needs_words
+            and (self.judge.needs_words or self.judge.needs_audio)
             and self._silence_start_ms is not None
             and self.at_ms - self._silence_start_ms >= PAUSE_WORDS_AFTER_MS
             and not self._words_due
@@ -279,14 +289,14 @@ class TurnPolicy:
         """How long the current pause has lasted so far (0 while voiced)."""
         return 0.0 if self._silence_start_ms is None else self.at_ms - self._silence_start_ms
 
-    def pause_words(self, pause: int, text: str | None, *, failed: bool = False) -> Verdict | None:
-        """The words of the caller's turn up to pause ``pause`` (``failed``: the engine could not
-        say). Returns the judge's verdict on this pause, or None for a pause the caller already
-        ended by speaking on."""
+    def pause_words(self, pause: int, heard: Heard) -> Verdict | None:
+        """What was heard of the caller's turn up to pause ``pause`` (its words, the acoustic
+        model's probability). Returns the judge's verdict on this pause, or None for a pause the
+        caller already ended by speaking on."""
         if pause != self.pause or self._silence_start_ms is None or self.state is not State.SPEAKING:
             return None
         self._words_due = False
-        verdict = self.judge.judge(None if failed else text)
+        verdict = self.judge.judge(heard)
         self._pause_silence_ms = verdict.silence_ms
         return verdict
 

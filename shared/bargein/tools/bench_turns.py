@@ -11,6 +11,8 @@ ways of ending a turn, as per-session ``turn_taking`` options of the same stack:
 
 * ``text``: the text judge with speculative turns (the defaults);
 * ``text, no speculation``: the text judge alone;
+* ``smart-turn``: the acoustic model (Pipecat's smart-turn v3.2) as bargein's judge, with
+  speculative turns;
 * ``silence 500 ms``: a fixed 500 ms of silence (LiveKit Agents' default ``min_endpointing_delay``).
 
 Measured for each: *premature answers* (the agent's voice reached the caller before the end of a
@@ -57,6 +59,7 @@ from bargein.tools.turn_corpus import PAUSES_MS, RATES, VOICES, Clip, build
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("text", {"turn_detector": "text", "speculative_turns": True}),
     ("text, no speculation", {"turn_detector": "text", "speculative_turns": False}),
+    ("smart-turn", {"turn_detector": "smart-turn", "speculative_turns": True}),
     ("silence 500 ms", {"turn_detector": "silence", "min_silence_ms": 500}),
 )
 PREMATURE_TARGET = 5.0  # premature answers per 100 pauses of 0.8 s, at most
