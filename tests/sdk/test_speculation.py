@@ -3,54 +3,28 @@ held until the caller's turn ends with the same words, dropped without trace oth
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
-
 from bargein import (
     AgentGenerationComplete,
     AgentResponse,
-    ConversationContext,
-    Event,
-    ReasoningNode,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
 from bargein.agent.events import SpeculationDropped, SpeculativeTurn, TurnInterrupted
-from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
 from bargein.wire.names import TIER_REASONING
 
 from ..agents import interruptible_agent
 from .helpers import ask, history, reply_text, wait_for
+from .test_interrupts import WORDS, recorder_agent
 
-REPLY = " ".join(f"w{i}" for i in range(30))
-
-
-class Watched(ReasoningNode):
-    """Says what happens to its generations: started, cancelled (the LLM request given up), done."""
-
-    def __init__(self, log: list[str]) -> None:
-        super().__init__(llm_client=ScriptedLLM([REPLY], first_token_delay=0.01, tokens_per_second=200))
-        self._log = log
-
-    async def process_context(self, context: ConversationContext) -> AsyncIterator[Event]:
-        self._log.append("start")
-        try:
-            async for text in self.generate_response(context):
-                yield AgentResponse(content=text)
-        except asyncio.CancelledError:
-            self._log.append("cancelled")
-            raise
-        self._log.append("done")
-
-    def on_interrupt_generate(self, *_: Any) -> None:
-        self._log.append("handler")
+REPLY = WORDS  # what Recorder's model says, every turn
 
 
 def session(log: list[str]) -> LocalSession:
-    return LocalSession(interruptible_agent(lambda: Watched(log)))
+    """A session whose node logs its generations: started, cancelled (the LLM request given up:
+    "unwound"), done ("completed"), and its interrupt handler."""
+    return LocalSession(recorder_agent(log))
 
 
 async def held(s: LocalSession, n: int) -> None:
@@ -76,8 +50,8 @@ async def test_a_dropped_speculative_turn_leaves_no_trace() -> None:
         assert b"my account number is" not in state
         await s.emit(SpeculationDropped())
         assert await s.quiet(0.3) == []  # nothing reached the caller: no chunk, no notice, no clear
-        assert log == ["start", "done", "start", "cancelled"]  # the LLM request was given up
-        assert "handler" not in log  # no interrupt: it never happened
+        assert log == ["start", "completed", "start", "unwound"]  # the LLM request was given up
+        assert "handler-start" not in log  # no interrupt: it never happened
         assert history(s) == before
         assert s.runtime.speculation is None
         counters = s.runtime.counters
@@ -92,12 +66,12 @@ async def test_a_confirmed_speculative_turn_is_released_at_once() -> None:
     log: list[str] = []
     async with session(log) as s:
         await s.emit(SpeculativeTurn(transcript="I want a refund"))
-        await wait_for(lambda: "done" in log)  # the whole answer, held
+        await wait_for(lambda: "completed" in log)  # the whole answer, held
         assert await s.quiet(0.1) == []
         await ask(s, "I want a refund")  # the turn's usual end, the same words: confirmed
         events = await s.collect_turn(timeout=1.0)
         assert reply_text(events) == REPLY
-        assert log == ["start", "done"]  # one generation: the confirmation started none
+        assert log == ["start", "completed"]  # one generation: the confirmation started none
         assert history(s) == [("user", "I want a refund"), ("assistant", REPLY)]
         assert s.runtime.counters["speculations_confirmed"] == 1
         assert await saved_state(s) is not None
@@ -124,7 +98,7 @@ async def test_other_words_start_the_turn_again() -> None:
         await ask(s, "I would like to book a table for two")
         events = await s.collect_turn()
         assert reply_text(events) == REPLY
-        assert log[:2] == ["start", "cancelled"] and log[2:] == ["start", "done"]
+        assert log[:2] == ["start", "unwound"] and log[2:] == ["start", "completed"]
         assert history(s) == [("user", "I would like to book a table for two"), ("assistant", REPLY)]
         assert s.runtime.counters["speculations_dropped"] == 1
 
@@ -138,7 +112,7 @@ async def test_a_barge_in_during_a_speculative_turn_drops_it_silently() -> None:
         await s.emit(UserStartedSpeaking())
         received = await s.quiet(0.3)
         assert not [e for e in received if isinstance(e, AgentResponse | TurnInterrupted)]
-        assert "handler" not in log and history(s) == []
+        assert "handler-start" not in log and history(s) == []
 
 
 async def test_a_speculative_turn_on_an_owner_that_dies_is_run_by_the_adopter() -> None:

@@ -36,7 +36,6 @@ from bargein.agent.words import content_words
 from bargein.settings import DEFAULT_BACKCHANNELS, BrokerSettings, VoiceSettings, load
 from bargein.tools.audio_caller import AudioCaller, Said
 from bargein.tools.benchkit import (
-    BenchError,
     Child,
     Processes,
     forget_sessions,
@@ -44,6 +43,7 @@ from bargein.tools.benchkit import (
     run_main,
     say,
     scripted_stack_env,
+    stalled,
     start_service,
     summarize,
     verdict,
@@ -249,9 +249,8 @@ class _E2EBench:
                         *(self.one_caller(i, client) for i in range(self.n_callers))
                     )
                 except TimeoutError:
-                    tails = "\n".join(f"  {c.name}:\n{c.last_output()}" for c in self.processes.children)
-                    raise BenchError(
-                        f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s; the services said:\n{tails}"
+                    raise stalled(
+                        self.processes, f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s"
                     ) from None
             rounds = [r for caller in per_caller for r in caller]
             engines = await self.engines()

@@ -43,7 +43,6 @@ from bargein.speech.turns import HYSTERESIS
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, VadStream, pcm16_to_float, shared_model
 from bargein.tools.audio_caller import AudioCaller
 from bargein.tools.benchkit import (
-    BenchError,
     Processes,
     forget_sessions,
     free_port,
@@ -51,6 +50,7 @@ from bargein.tools.benchkit import (
     run_main,
     say,
     scripted_stack_env,
+    stalled,
     start_service,
     verdict,
 )
@@ -288,9 +288,8 @@ class _TurnsBench:
                         *(self.caller(client, edge.url, work) for _ in range(self.n_callers))
                     )
                 except TimeoutError:
-                    tails = "\n".join(f"  {c.name}:\n{c.last_output()}" for c in self.processes.children)
-                    raise BenchError(
-                        f"a clip did not finish in {CLIP_TIMEOUT_S:.0f} s; the services said:\n{tails}"
+                    raise stalled(
+                        self.processes, f"a clip did not finish in {CLIP_TIMEOUT_S:.0f} s"
                     ) from None
             return [p for caller in per_caller for p in caller], await self.counters()
         finally:

@@ -175,6 +175,12 @@ class Processes:
             say(self.out, f"  stopped {len(running)} processes (exit codes: {codes})")
 
 
+def stalled(processes: Processes, what: str) -> BenchError:
+    """A step of a bench that did not finish in time, with what each of its services said last."""
+    tails = "\n".join(f"  {c.name}:\n{c.last_output()}" for c in processes.children)
+    return BenchError(f"{what}; the services said:\n{tails}")
+
+
 def cpu_seconds(pid: int) -> float | None:
     """The CPU time (user and system) process ``pid`` has used so far, from Linux's ``/proc``
     (the field numbers are proc(5)'s); None where there is no such file."""
