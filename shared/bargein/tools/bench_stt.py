@@ -20,13 +20,9 @@ Three measurements, with the engine ``BARGEIN_STT`` names and the corpus of
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import sys
 import time
-import wave
 from collections.abc import Sequence
-from importlib import resources
 from typing import TextIO
 
 from bargein.agent.words import spoken_words
@@ -35,7 +31,7 @@ from bargein.speech.transcriber import Transcriber, engine_name, transcriber_fro
 from bargein.tools.bench_decisions import Judge, Played
 from bargein.tools.benchkit import BenchError, percentile, run_main, say
 from bargein.tools.corpus import Clip, CorpusSize, sized
-from bargein.tools.synth import RATE
+from bargein.tools.synth import RATE, demo_recording
 
 LATENCY_BOUND_S = 2.0  # words after the end of speech, p95, for a load to count as served
 
@@ -54,10 +50,8 @@ def word_errors(said: str, heard: str | None) -> tuple[int, int]:
 def demo_call() -> tuple[str, bytes]:
     """The words and samples of the call ``bargein demo`` plays (``data/barge_in.wav``, made with
     its marks by ``scripts/make_fixtures.py``)."""
-    data = resources.files("bargein") / "data"
-    marks = json.loads((data / "barge_in.json").read_text())
-    with wave.open(io.BytesIO((data / "barge_in.wav").read_bytes())) as wav:
-        return " ".join(marks["text"]), wav.readframes(wav.getnframes())
+    marks, pcm = demo_recording()
+    return " ".join(marks["text"]), pcm
 
 
 class Timed:

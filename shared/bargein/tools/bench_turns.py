@@ -5,7 +5,8 @@ The bench runs a stack of its own on the configured broker and Redis (``bargein 
 ``bargein speech`` with the ``BARGEIN_STT`` engine, ``bargein broadcast``; the default agent on
 its scripted model, 250 ms to its first word) and plays the turn corpus
 (:mod:`bargein.tools.turn_corpus`: sentences with a pause of 0.5, 0.8 or 1.2 s after an unfinished
-clause, and finished sentences, in several voices and rates, with noise) into sessions at real time,
+clause, and finished sentences, in several voices and rates, with noise; and the demo call's two
+sentences, the speech fixtures' recording) into sessions at real time,
 as callers who hear the agent (``audio=pcm16``). Each clip is played once under each of bargein's
 ways of ending a turn, as per-session ``turn_taking`` options of the same stack:
 
@@ -463,7 +464,14 @@ async def run_turns_bench(
     from bargein.tools.turn_corpus import FINISHED, PAUSED
 
     n = sentences if sentences is not None else max(len(PAUSED), len(FINISHED))
-    clips = build(voices=voices, rates=rates, pauses_ms=pauses_ms, paused=PAUSED[:n], finished=FINISHED[:n])
+    clips = build(
+        voices=voices,
+        rates=rates,
+        pauses_ms=pauses_ms,
+        paused=PAUSED[:n],
+        finished=FINISHED[:n],
+        recording=True,
+    )
     paused = sum(c.kind == "paused" for c in clips)
     say(
         out,

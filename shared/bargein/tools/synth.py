@@ -9,10 +9,14 @@ give the same samples on every run.
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import subprocess
 import wave
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +38,15 @@ def need(tool: str) -> str:
     if path is None:
         raise MissingTool(f"{tool} is not installed ({NEEDED})")
     return path
+
+
+def demo_recording() -> tuple[dict[str, Any], bytes]:
+    """The call ``bargein demo`` plays (``data/barge_in.wav``, 16 kHz PCM16) and its marks (where
+    each utterance is, and its words), both made by ``scripts/make_fixtures.py``."""
+    data = resources.files("bargein") / "data"
+    marks: dict[str, Any] = json.loads((data / "barge_in.json").read_text())
+    with wave.open(io.BytesIO((data / "barge_in.wav").read_bytes())) as wav:
+        return marks, wav.readframes(wav.getnframes())
 
 
 def read_wav(path: Path) -> np.ndarray:

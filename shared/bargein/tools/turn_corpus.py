@@ -4,7 +4,9 @@ Two kinds of clip, each a caller's microphone while the agent is silent, waiting
 
 * ``paused``: an unfinished clause ("My account number is"), a pause of 0.5, 0.8 or 1.2 s, and the
   rest of the sentence; the agent must not answer in the pause (a *premature* answer);
-* ``finished``: one whole sentence; the agent should answer as soon after its end as it can.
+* ``finished``: one whole sentence; the agent should answer as soon after its end as it can. Besides
+  the corpus's own, the two sentences of the demo's call (``data/barge_in.wav``, the speech
+  fixtures' recording), the second with a pause at its comma ("Wait, stop, I would rather ...").
 
 Speech is espeak-ng in several voices and rates (:mod:`bargein.tools.synth`), under a noise floor
 (white noise at ``FLOOR_DBFS``, and, in half the clips, a louder band of room noise); clips are
@@ -23,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 
-from bargein.tools.synth import RATE, synthesize, to_pcm16
+from bargein.tools.synth import RATE, demo_recording, synthesize, to_pcm16
 
 Kind = Literal["paused", "finished"]
 
@@ -115,8 +117,10 @@ def build(
     pauses_ms: Sequence[float] = PAUSES_MS,
     paused: Sequence[tuple[str, str]] = PAUSED,
     finished: Sequence[str] = FINISHED,
+    recording: bool = False,
 ) -> list[Clip]:
-    """Every paused sentence with every pause, and every finished one, in every voice and rate."""
+    """Every paused sentence with every pause, and every finished one, in every voice and rate;
+    with ``recording``, the demo call's sentences too."""
     rng = np.random.default_rng(SEED)
     clips: list[Clip] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,4 +145,21 @@ def build(
             clips.append(
                 Clip(name, "finished", text, voice, to_pcm16(signal).tobytes(), ((bounds[0], bounds[1]),))
             )
+    if recording:
+        clips += _recorded(rng)
+    return clips
+
+
+def _recorded(rng: np.random.Generator) -> list[Clip]:
+    """Each sentence of the demo's call as a finished clip of its own, as recorded."""
+    marks, pcm = demo_recording()
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+    clips = []
+    for (start, end), text in zip(marks["speech"], marks["text"], strict=True):
+        said = samples[int(start * RATE / 1000) : int(end * RATE / 1000)]
+        signal, bounds = _mix([_silence(LEAD_MS), said, _silence(TAIL_MS)], rng, room=False)
+        name = f"finished: {text} (the demo's call)"
+        clips.append(
+            Clip(name, "finished", text, "recording", to_pcm16(signal).tobytes(), ((bounds[0], bounds[1]),))
+        )
     return clips
