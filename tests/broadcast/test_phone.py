@@ -48,9 +48,9 @@ def carrier_api() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def stack(
+def phone_cluster(
     rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory, carrier_api: str
-) -> Iterator[str]:
+) -> Iterator[tuple[Cluster, str]]:
     reset_shared_queues(rabbitmq_url, redis_url)
     env = cluster_env(
         rabbitmq_url,
@@ -69,7 +69,12 @@ def stack(
     with Cluster(env, Path(tmp_path_factory.mktemp("phone"))) as cluster:
         cluster.start()
         cluster.start("services.speech")
-        yield cluster.start_edge()
+        yield cluster, cluster.start_edge()
+
+
+@pytest.fixture(scope="module")
+def stack(phone_cluster: tuple[Cluster, str]) -> str:
+    return phone_cluster[1]
 
 
 class Listener:
@@ -142,6 +147,23 @@ async def test_a_forged_unsigned_or_tampered_webhook_is_refused(stack: str) -> N
     assert good.status == 200, good.body
     assert good.stream_url.startswith("ws://") and good.stream_url.endswith("/v1/twilio/media")
     assert set(good.parameters) == {"session", "token"}
+
+
+async def test_a_refused_signature_names_the_url_it_was_checked_against_and_the_setting(
+    phone_cluster: tuple[Cluster, str],
+) -> None:
+    """Behind a TLS proxy every webhook fails its signature when BARGEIN_PUBLIC_URL is unset: the
+    operator reads which URL was checked, and which setting to set, in the edge's log."""
+    cluster, stack = phone_cluster
+    edge = next(p for p in cluster.processes if p.name.startswith("broadcast"))
+    assert "BARGEIN_PUBLIC_URL is not" in edge.log()  # said at start-up: a carrier and no public URL
+    refused = await ring(stack, "another-accounts-token")
+    assert refused.status == 403 and "checked against" not in refused.body  # the requester learns less
+    async with asyncio.timeout(10):
+        while "refused: " not in edge.log():  # noqa: ASYNC110 - a log file
+            await asyncio.sleep(0.05)
+    line = next(line for line in edge.log().splitlines() if "webhook refused: " in line)
+    assert f"{stack}/v1/twilio/voice" in line and "set BARGEIN_PUBLIC_URL" in line, line
 
 
 async def test_a_stream_with_a_forged_token_or_an_unknown_session_is_refused(stack: str) -> None:

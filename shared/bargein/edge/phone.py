@@ -138,9 +138,10 @@ def phone_routes(
 ) -> list[BaseRoute]:
     """``/v1/<carrier>/voice`` and ``/v1/<carrier>/media`` for each carrier."""
 
-    def refuse(carrier: Carrier, why: str, status: int = 403) -> Response:
+    def refuse(carrier: Carrier, why: str, status: int = 403, *, detail: str = "") -> Response:
+        """Refuse a webhook, saying why; ``detail`` is for the log only (never for the requester)."""
         edge.count(f"{carrier.name}_webhooks_refused")
-        log.warning("%s webhook refused: %s", carrier.name, why)
+        log.warning("%s webhook refused: %s%s", carrier.name, why, detail)
         return JSONResponse({"error": {"code": "forbidden", "message": why}}, status_code=status)
 
     def voice_endpoint(carrier: Carrier) -> Callable[[Request], Any]:
@@ -155,7 +156,10 @@ def phone_routes(
             try:
                 carrier.verify(webhook)
             except CarrierError as exc:
-                return refuse(carrier, str(exc))
+                whose = "BARGEIN_PUBLIC_URL" if public_url else "the request as this process sees it"
+                if public_url is None:
+                    whose += " (behind a proxy, set BARGEIN_PUBLIC_URL to the URL the carrier calls)"
+                return refuse(carrier, str(exc), detail=f"; checked against {webhook.url}, from {whose}")
             if edge.overloaded:
                 edge.count("sessions_refused_overloaded")
                 return overloaded()

@@ -75,6 +75,14 @@ async def serve(
     for name, carrier in carriers.items():
         if carrier.configured:
             log.info("phone calls through %s: POST /v1/%s/voice", name, name)
+            if edge_settings.public_url is None:
+                log.warning(
+                    "%s is configured but BARGEIN_PUBLIC_URL is not: its webhooks' signatures are checked "
+                    "against the URL this process sees, which behind a TLS proxy or a load balancer is "
+                    "not the one %s signed, and every call is refused (docs/telephony.md)",
+                    name,
+                    name,
+                )
 
     app = create_app(
         edge,
