@@ -55,7 +55,7 @@ from bargein.tools.benchkit import (
     start_service,
     verdict,
 )
-from bargein.tools.turn_corpus import PAUSES_MS, RATES, VOICES, Clip, build
+from bargein.tools.turn_corpus import FINISHED, PAUSED, PAUSES_MS, RATES, VOICES, Clip, build
 
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("text", {"turn_detector": "text", "speculative_turns": True}),
@@ -461,8 +461,6 @@ async def run_turns_bench(
 ) -> dict[str, Any]:
     """Run the bench and return its numbers (also printed to ``out``, default stdout)."""
     out = out if out is not None else sys.stdout
-    from bargein.tools.turn_corpus import FINISHED, PAUSED
-
     n = sentences if sentences is not None else max(len(PAUSED), len(FINISHED))
     clips = build(
         voices=voices,
