@@ -34,7 +34,7 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024
 # these never cut it off (BARGEIN_BACKCHANNELS; bargein.agent.words matches them).
 DEFAULT_BACKCHANNELS = (
     "uh-huh", "uh huh", "mm-hmm", "mm hmm", "mhm", "mm", "mmm", "hm", "hmm", "uh", "um", "ah", "oh",
-    "uh-oh",  # what speech-to-text often makes of "uh-huh"; not "uh-uh" or "mm-mm": they mean "no"
+    "uh-uh", "uh-oh", "mm-mm",  # what speech-to-text often makes of "uh-huh" and "mm-hmm"
     "yeah", "yes", "yep", "yup", "okay", "ok", "right", "alright", "all right", "sure",
     "i see", "got it", "cool", "nice", "great",
 )  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 from bargein import (
     AgentGenerationComplete,
     AgentResponse,
+    FalseInterruption,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -15,7 +16,7 @@ from bargein.testing import LocalSession
 from bargein.wire.names import TIER_REASONING
 
 from ..agents import interruptible_agent
-from .helpers import ask, history, reply_text, wait_for
+from .helpers import ask, history, reply_text, take_chunks, wait_for
 from .test_interrupts import WORDS, recorder_agent
 
 REPLY = WORDS  # what Recorder's model says, every turn
@@ -59,6 +60,7 @@ async def test_a_dropped_speculative_turn_leaves_no_trace() -> None:
         # and the session goes on as before: the next turn is an ordinary one
         await ask(s, "second")
         assert reply_text(await s.collect_turn()) == REPLY
+        assert s.runtime.last_turn == 2  # numbered as if the dropped one had never been
         assert [m for m in history(s) if m[0] == "user"] == [("user", "first"), ("user", "second")]
 
 
@@ -140,3 +142,21 @@ async def test_a_graceful_stop_during_a_speculative_turn_hands_over_the_session_
         await ask(s, "hello")
         assert reply_text(await s.collect_turn()) == REPLY
         assert history(s) == [("user", "hello"), ("assistant", REPLY)]
+
+
+async def test_a_dropped_speculative_turn_leaves_the_cut_off_answer_to_resume() -> None:
+    """A cough after a barge-in resumes the answer it cut off: a speculative turn dropped between the
+    two (the caller paused, then went on) must not have taken its place."""
+    first, second = (" ".join(f"{c}{i}" for i in range(30)) for c in "ab")
+    agent = interruptible_agent(replies=(first, second), resume=True)
+    async with LocalSession(agent) as s:
+        await ask(s, "q1")
+        heard = "".join(await take_chunks(s, 4))
+        await s.emit(UserStartedSpeaking())  # cut off...
+        await s.emit(SpeculativeTurn(transcript="hmm"))
+        await held(s, 2)
+        await s.emit(SpeculationDropped())  # ... the caller paused and went on, briefly
+        await s.emit(FalseInterruption(duration_ms=300))  # it was only a cough after all
+        rest = await s.collect_turn()
+        assert heard + reply_text(rest) == first  # the cut-off answer, resumed where it was cut
+        assert history(s) == [("user", "q1"), ("assistant", first)]

@@ -155,17 +155,6 @@ def test_the_word_test() -> None:
     assert content_words("got") == ["got"]  # a phrase matches only whole
 
 
-@pytest.mark.parametrize("no", ["Uh-uh.", "Mm-mm.", "Nope."])
-def test_a_no_is_no_backchannel_and_cuts_the_agent_off(no: str) -> None:
-    """ "Uh-uh" and "mm-mm" mean "no": said over the agent, they take the floor (a caller saying
-    "uh-uh" to a wrong answer could not stop it while they were backchannels)."""
-    assert content_words(no) == spoken_words(no)
-    policy = held()
-    feed(policy, [LO] * 5 + [HI] * n(320))
-    (barge,) = policy.judged(no, policy.burst)
-    assert isinstance(barge.event, UserStartedSpeaking) and barge.event.transcript == no
-
-
 def msg(event: object) -> Message:
     return Message(event=event)  # type: ignore[arg-type]
 

@@ -13,6 +13,7 @@ assistant message into the history:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,6 +39,16 @@ log = logging.getLogger("bargein.agent.nodes")
 _MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
 # how many recent turns a late delivery report may still correct (the delivery ledger keeps as many)
 AMENDABLE_TURNS = 16
+
+
+@dataclass(frozen=True)
+class _Private:
+    """A :class:`ReasoningNode`'s state that is not checkpointed (see ``private_state``)."""
+
+    interrupted: dict[int, _InterruptedTurn]
+    resumable: _InterruptedTurn | None
+    finished: tuple[int, _InterruptedTurn] | None
+    clears: int
 
 
 @dataclass
@@ -126,6 +137,15 @@ class Node:
     def on_interrupt_generate(self, message: Message) -> None:
         """Called (as an interrupt handler) after an interrupted generation has unwound."""
 
+    def private_state(self) -> object:
+        """What the node keeps besides its checkpointed (public) state that a turn may change: the
+        runtime takes it before a speculative turn and puts it back if the turn is dropped
+        (``restore_private_state``). A plain node keeps nothing of the kind."""
+        return None
+
+    def restore_private_state(self, saved: object) -> None:
+        """Put back what :meth:`private_state` returned."""
+
     async def generate(self, message: Message) -> AsyncIterator[Event]:
         raise NotImplementedError(f"{type(self).__name__} must implement generate()")
         yield  # pragma: no cover - makes this an async generator for .stream()
@@ -195,6 +215,21 @@ class ReasoningNode(Node):
         self._interrupted.clear()
         self._resumable = self._finished = None
         return cleared
+
+    def private_state(self) -> object:
+        """The cut-off answers a late report may amend, the one a cough may resume, the last one
+        finished, and the count of clears: a dropped speculative turn changes them as it unwinds."""
+        interrupted = {turn: dataclasses.replace(record) for turn, record in self._interrupted.items()}
+        resumable = None if self._resumable is None else dataclasses.replace(self._resumable)
+        finished = (
+            None if self._finished is None else (self._finished[0], dataclasses.replace(self._finished[1]))
+        )
+        return _Private(interrupted, resumable, finished, self._clears)
+
+    def restore_private_state(self, saved: object) -> None:
+        assert isinstance(saved, _Private)
+        self._interrupted, self._resumable = saved.interrupted, saved.resumable
+        self._finished, self._clears = saved.finished, saved.clears
 
     def amendable(self, turn: int, *, final: bool = False) -> bool:
         """Whether a delivery report of ``turn`` could change the history (see below)."""

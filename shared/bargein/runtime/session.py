@@ -60,7 +60,7 @@ from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
-from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
+from bargein.runtime.speculation import Speculation, restore_nodes, save_nodes
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
 from bargein.wire.envelope import Envelope, message_of, validate_session_id
 from bargein.wire.names import OUT, TIER_REASONING, Tier
@@ -384,7 +384,7 @@ class SessionRuntime(SessionProcessor):
         if self._dirty:  # what came before it is durable; nothing of it will be until confirmed
             await self.checkpoint()
         self.count("speculations")
-        self.speculation = Speculation(transcript, self.next_index, save_nodes(self.nodes))
+        self.speculation = Speculation(transcript, self.next_index, self.last_turn, save_nodes(self.nodes))
         log.info("session %s: speculative turn on %r", self.session_id, transcript)
         for event in (UserTranscriptionReceived(content=transcript), UserStoppedSpeaking()):
             await self._dispatch(dataclasses.replace(message, event=event, id=uuid.uuid4().hex))
@@ -418,6 +418,7 @@ class SessionRuntime(SessionProcessor):
             self.count("speculation_unwind_timeouts")
             log.warning("session %s: the dropped turn's work did not unwind in time", self.session_id)
         restore_nodes(self.nodes, speculation.saved)
+        self.last_turn = speculation.last_turn  # the next turn is numbered as if it never happened
         for report in speculation.reports:
             self._on_delivery_report(report)
         self.speculation = None
@@ -486,30 +487,26 @@ class SessionRuntime(SessionProcessor):
         to_caller = self.speaking_bridge is None or (
             run.bridge is self.speaking_bridge and isinstance(event, CALLER_EVENTS)
         )
-        emit = self._emit_output(envelope, event, run, to_caller=to_caller)
-        if self.speculation is not None:
-            self.speculation.hold(emit)  # goes out when (if) the caller's turn is confirmed
+        if self.speculation is not None:  # goes out when (if) the caller's turn is confirmed
+            self.speculation.hold(functools.partial(self._emit_output, envelope, event, run, to_caller))
         else:
-            await emit()
+            await self._emit_output(envelope, event, run, to_caller)
 
-    def _emit_output(self, envelope: Envelope, event: Event, run: TurnRun, *, to_caller: bool) -> Action:
-        async def emit() -> None:
-            turn, seq = envelope.turn, envelope.seq
-            if to_caller:
-                if isinstance(event, AgentResponse):
-                    self.ledger.published(turn, seq, event.content)
-                await self.transport.publish(envelope, OUT)
-                self.count("published")
-                if seq == 0 and not run.resumed:
-                    metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
-            else:
-                self.count("background_outputs")  # heard by the session's bridges only
-            # the session's bridges hear it too (background nodes, Line-style); skipped when none
-            # listens, which is the common case and keeps a busy worker's event loop free for interrupts
-            if self._heard_by_bridges(type(event)):
-                self._inbox.put_nowait(message_of(envelope, event))
-
-        return emit
+    async def _emit_output(self, envelope: Envelope, event: Event, run: TurnRun, to_caller: bool) -> None:
+        turn, seq = envelope.turn, envelope.seq
+        if to_caller:
+            if isinstance(event, AgentResponse):
+                self.ledger.published(turn, seq, event.content)
+            await self.transport.publish(envelope, OUT)
+            self.count("published")
+            if seq == 0 and not run.resumed:
+                metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
+        else:
+            self.count("background_outputs")  # heard by the session's bridges only
+        # the session's bridges hear it too (background nodes, Line-style); skipped when none listens,
+        # which is the common case and keeps a busy worker's event loop free for interrupts
+        if self._heard_by_bridges(type(event)):
+            self._inbox.put_nowait(message_of(envelope, event))
 
     def unconditional_interrupts(self) -> set[str]:
         """Events that always cut off a turn the caller hears (no condition on the clause)."""
@@ -555,18 +552,14 @@ class SessionRuntime(SessionProcessor):
 
     async def turn_finished(self, run: TurnRun | None) -> None:
         if run is not None and run.turn is not None:
-            turn = run.turn
             if self.speculation is not None:
-                self.speculation.hold(self._finish_in_ledger(turn))
+                self.speculation.hold(functools.partial(self._finish_in_ledger, run.turn))
             else:
-                self.ledger.finished(turn)
+                self.ledger.finished(run.turn)
         await self.checkpoint()
 
-    def _finish_in_ledger(self, turn: int) -> Action:
-        async def finish() -> None:
-            self.ledger.finished(turn)
-
-        return finish
+    async def _finish_in_ledger(self, turn: int) -> None:
+        self.ledger.finished(turn)
 
     # --- state -----------------------------------------------------------------------------------
 

@@ -13,7 +13,10 @@ events (the words, then :class:`~bargein.agent.events.UserStoppedSpeaking`) at o
 * anything else *drops* it: the speculative work is discarded in every route (a running turn is
   cancelled without a handler or a notice), and the nodes are put back as they were, from the
   copy taken at the start (:func:`save_nodes` / :func:`restore_nodes`: the checkpoint's own codec,
-  so exactly what a new owner would have restored).
+  so exactly what a new owner would have restored, and what each node keeps besides,
+  :meth:`~bargein.agent.nodes.Node.private_state`: a reasoning node's cut-off answers); the turn
+  numbers it took are given back (all it sent was held, so nobody saw them), and the next turn has
+  the number it would have had.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ Action = Callable[[], Awaitable[None]]
 class Speculation:
     transcript: str  # the words it started with: the confirmation must bring the same
     from_index: int  # the dispatch index of its first event: what is undone is from here on
-    saved: bytes  # the nodes as they were
+    last_turn: int  # the session's turn counter before it: numbers it took go back (nobody saw them)
+    saved: SavedNodes  # the nodes as they were
     held: list[Action] = field(default_factory=list)  # what goes out if it is confirmed, in order
     reports: list[SpeechDelivered | HeardRecord] = field(default_factory=list)  # applied meanwhile
     words_confirmed: bool = False  # the same words came again: the stop that follows confirms it
@@ -41,12 +45,23 @@ class Speculation:
         self.held.append(action)
 
 
-def save_nodes(nodes: Sequence[Node]) -> bytes:
-    return snapshot.dumps({"nodes": {node.id: snapshot.capture(node) for node in nodes if node.id}})
+@dataclass(frozen=True)
+class SavedNodes:
+    """The nodes as they were: their checkpointed state, packed, and what each keeps besides."""
+
+    packed: bytes
+    private: dict[str, object]
 
 
-def restore_nodes(nodes: Sequence[Node], saved: bytes) -> None:
-    state = snapshot.loads(saved)["nodes"]
+def save_nodes(nodes: Sequence[Node]) -> SavedNodes:
+    packed = snapshot.dumps({"nodes": {node.id: snapshot.capture(node) for node in nodes if node.id}})
+    return SavedNodes(packed, {node.id: node.private_state() for node in nodes if node.id})
+
+
+def restore_nodes(nodes: Sequence[Node], saved: SavedNodes) -> None:
+    state = snapshot.loads(saved.packed)["nodes"]
     for node in nodes:
         if node.id in state:
             snapshot.restore(node, state[node.id])
+        if node.id in saved.private:
+            node.restore_private_state(saved.private[node.id])
