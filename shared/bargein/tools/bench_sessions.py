@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,8 @@ from bargein.tools.benchkit import (
 )
 from bargein.wire.names import TIER_REASONING, session_directory_key
 
+log = logging.getLogger("bargein.bench")
+
 SETTLE_S = 3.0  # after the last session, before memory is read (queues and buffers settle)
 T = 60.0
 SERVICES = ("reasoning", "speech", "broadcast")
@@ -61,21 +64,29 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+RABBITMQCTL_TRIES = (
+    3  # the CLI boots an Erlang node of its own each call: on a busy machine it fails now and then
+)
+
+
 def rabbitmq_bytes() -> int | None:
     """The memory the RabbitMQ node uses, if ``rabbitmqctl`` is here and may talk to it."""
     if shutil.which("rabbitmqctl") is None:
         return None
-    try:
-        done = subprocess.run(
-            ["rabbitmqctl", "-q", "status", "--formatter", "json"],
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-        total = json.loads(done.stdout)["memory"]["total"]
-        return int(total["erlang"] if isinstance(total, dict) else total)
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
-        return None
+    for attempt in range(RABBITMQCTL_TRIES):
+        try:
+            done = subprocess.run(
+                ["rabbitmqctl", "-q", "status", "--formatter", "json"],
+                capture_output=True,
+                timeout=30,
+                check=True,
+            )
+            total = json.loads(done.stdout)["memory"]["total"]
+            return int(total["erlang"] if isinstance(total, dict) else total)
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
+            log.warning("rabbitmqctl status failed (try %d of %d): %s", attempt + 1, RABBITMQCTL_TRIES, exc)
+            time.sleep(1.0)
+    return None
 
 
 class _SessionsBench:
