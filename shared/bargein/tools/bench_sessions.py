@@ -64,9 +64,8 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-RABBITMQCTL_TRIES = (
-    3  # the CLI boots an Erlang node of its own each call: on a busy machine it fails now and then
-)
+# the CLI boots an Erlang node of its own each call: on a busy machine it fails now and then
+RABBITMQCTL_TRIES = 3
 
 
 def rabbitmq_bytes() -> int | None:
