@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from bargein import metrics, tracing
 from bargein.agent.events import (
@@ -65,6 +65,8 @@ from bargein.wire.names import IN, OUT, Direction
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.speech")
+
+T = TypeVar("T")
 
 PRE_ROLL_WINDOWS = 5  # audio kept from before a burst's first voiced window, for the transcriber
 MAX_TURN_WINDOWS = 30 * SAMPLE_RATE // 512  # at most 30 s of a turn's audio is kept per session
@@ -329,9 +331,7 @@ class SpeechSession(SessionProcessor):
         self.policy.expect_words(pause)
         audio = b"".join(self._turn_audio)
         before = self._pause_words[1] if self._pause_words is not None else None
-        task = asyncio.get_running_loop().create_task(self._hear_pause(pause, audio, before))
-        self._tasks.add(task)  # cancelled on close with the rest
-        task.add_done_callback(self._tasks.discard)
+        task = self._spawn(self._hear_pause(pause, audio, before))
         task.add_done_callback(functools.partial(self._pause_heard, pause))
         self._pause_words = (pause, task)
 
@@ -557,10 +557,12 @@ class SpeechSession(SessionProcessor):
 
     # --- housekeeping ----------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A task of this session's: cancelled when it closes."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 class SpeechSessions:
