@@ -45,10 +45,11 @@ def twilio_signature(auth_token: str, url: str, params: dict[str, str]) -> str:
     return base64.b64encode(digest).decode()
 
 
-def to_line(pcm16k: bytes) -> bytes:
-    """16 kHz PCM16 → the 8 kHz μ-law a phone line carries."""
-    samples = soxr.resample(np.frombuffer(pcm16k, dtype="<i2"), 16000, 8000)
-    return audioop.lin2ulaw(np.asarray(samples, dtype="<i2").tobytes(), 2)
+def to_line(pcm16k: bytes, encoding: str = "PCMU") -> bytes:
+    """16 kHz PCM16 → the 8 kHz G.711 a phone line carries (μ-law, or A-law for PCMA)."""
+    samples = np.asarray(soxr.resample(np.frombuffer(pcm16k, dtype="<i2"), 16000, 8000), dtype="<i2")
+    encode = audioop.lin2alaw if encoding == "PCMA" else audioop.lin2ulaw
+    return encode(samples.tobytes(), 2)
 
 
 def from_line(ulaw: bytes) -> np.ndarray:
@@ -62,6 +63,7 @@ class Answer:
     parameters: dict[str, str] = field(default_factory=dict)
     body: str = ""
     attributes: dict[str, str] = field(default_factory=dict)  # of the <Stream>
+    call_sid: str = ""  # the call the webhook was asked about (its stream's start names it too)
 
     @classmethod
     def read(cls, response: httpx.Response) -> Answer:
@@ -90,7 +92,34 @@ async def ring(
     }
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.post(url, data=params, headers=headers)
-    return Answer.read(response)
+    answer = Answer.read(response)
+    answer.call_sid = params["CallSid"]
+    return answer
+
+
+async def twilio_status(url: str, auth_token: str, *, forged: bool = False, **form: str) -> int:
+    """Twilio's status callback (the call's, or the ``<Stream>``'s), signed as its webhooks are."""
+    params = {"AccountSid": "AC" + "0" * 32, **form}
+    signature = twilio_signature("not-the-token" if forged else auth_token, url, params)
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(url, data=params, headers={"X-Twilio-Signature": signature})
+    return response.status_code
+
+
+def telnyx_headers(private_key: Any, body: bytes, at: float | None = None) -> dict[str, str]:
+    stamp = str(int(at if at is not None else time.time()))
+    signature = base64.b64encode(private_key.sign(stamp.encode() + b"|" + body)).decode()
+    return {"telnyx-signature-ed25519": signature, "telnyx-timestamp": stamp}
+
+
+async def telnyx_event(url: str, private_key: Any, event_type: str, **payload: str) -> int:
+    """A Call Control webhook event (JSON, Ed25519-signed), as Telnyx sends ``call.hangup``."""
+    body = json.dumps({"data": {"record_type": "event", "id": str(uuid.uuid4()), "event_type": event_type,
+                                "payload": payload}}).encode()  # fmt: skip
+    headers = {**telnyx_headers(private_key, body), "content-type": "application/json"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(url, content=body, headers=headers)
+    return response.status_code
 
 
 @dataclass
@@ -105,11 +134,14 @@ class MediaStream:
 
     twilio = True  # Twilio's spelling; TelnyxStream says the same in Telnyx's
 
-    def __init__(self, ws: ClientConnection, parameters: dict[str, str]) -> None:
+    def __init__(
+        self, ws: ClientConnection, parameters: dict[str, str], call_sid: str = "", encoding: str = "PCMU"
+    ) -> None:
         self.ws = ws
         self.parameters = parameters
+        self.encoding = encoding  # Telnyx only: what its start announces (and its media carries)
         self.stream_sid = f"MZ{uuid.uuid4().hex}"
-        self.call_sid = f"CA{uuid.uuid4().hex}"
+        self.call_sid = call_sid or f"CA{uuid.uuid4().hex}"
         self.sequence = 0
         self.received: list[Heard] = []
         self.played = bytearray()  # μ-law the caller heard, in order
@@ -131,8 +163,9 @@ class MediaStream:
             await self.ws.send(json.dumps({"event": "connected", "version": "1.0.0"}))
             await self._send({
                 "event": "start", "streamSid": self.stream_sid,
-                "start": {"user_id": str(uuid.uuid4()), "call_control_id": f"v3:{uuid.uuid4().hex}",
-                          "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}},
+                "start": {"user_id": str(uuid.uuid4()), "call_control_id": self.call_sid,
+                          "media_format": {"encoding": self.encoding, "sample_rate": 8000, "channels": 1},
+                          "custom_parameters": self.parameters},
             })  # fmt: skip
             self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._play())]
             return
@@ -147,7 +180,9 @@ class MediaStream:
 
     async def speak(self, pcm16k: bytes, then_silence_s: float = 0.0) -> None:
         """The caller's audio, at real time, then silence (the line never goes quiet in bytes)."""
-        line = to_line(pcm16k) + b"\xff" * int(then_silence_s * 8000)
+        line = to_line(pcm16k, self.encoding) + (b"\xd5" if self.encoding == "PCMA" else b"\xff") * int(
+            then_silence_s * 8000
+        )
         started = time.monotonic()
         for chunk, offset in enumerate(range(0, len(line), FRAME_BYTES), start=1):
             payload = base64.b64encode(line[offset : offset + FRAME_BYTES]).decode()
@@ -231,24 +266,22 @@ async def ring_telnyx(base: str, private_key: Any, *, at: float | None = None, *
     """Telnyx's TeXML request, signed with Ed25519 over ``<timestamp>|<body>``, and its TeXML."""
     params = {"CallSid": f"v3:{uuid.uuid4().hex}", "From": "+15550100", "To": "+15550199", **form}
     body = httpx.QueryParams(params).__str__().encode()
-    stamp = str(int(at if at is not None else time.time()))
-    signature = base64.b64encode(private_key.sign(stamp.encode() + b"|" + body)).decode()
-    headers = {"telnyx-signature-ed25519": signature, "telnyx-timestamp": stamp,
-               "content-type": "application/x-www-form-urlencoded"}  # fmt: skip
+    headers = {**telnyx_headers(private_key, body, at), "content-type": "application/x-www-form-urlencoded"}
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.post(f"{base}/v1/telnyx/voice", content=body, headers=headers)
     answer = Answer.read(response)
+    answer.call_sid = params["CallSid"]  # TeXML's call control id: the stream's start names it
     assert answer.status != 200 or answer.attributes["bidirectionalMode"] == "rtp", answer.body
     return answer
 
 
 @contextlib.asynccontextmanager
 async def streamed(
-    answer: Answer, kind: type[MediaStream] = MediaStream, **parameters: str
+    answer: Answer, kind: type[MediaStream] = MediaStream, encoding: str = "PCMU", **parameters: str
 ) -> AsyncIterator[MediaStream]:
     """The carrier connecting to the ``<Stream>`` of ``answer`` (``parameters`` replace its own)."""
     async with websockets.connect(answer.stream_url, max_size=None) as ws:
-        stream = kind(ws, {**answer.parameters, **parameters})
+        stream = kind(ws, {**answer.parameters, **parameters}, answer.call_sid, encoding)
         await stream.start()
         try:
             yield stream

@@ -352,6 +352,13 @@ class BroadcastSettings(_Base):
     client_audio_realtime: float = Field(
         default=2.0, ge=1, description="Audio one connection may send, as a multiple of real time."
     )
+    reconnect_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=24 * 3600,
+        description="A session whose caller left without `end` (or never joined) ends after this long "
+        "with no caller connected to any edge.",
+    )
 
 
 # --- per-session turn-taking -----------------------------------------------------------------------
@@ -417,6 +424,13 @@ class TelephonySettings(_Base):
     )
     phone_signature_max_age_s: float = Field(
         default=300.0, gt=0, le=3600, description="How old a signed webhook may be (Telnyx's timestamp)."
+    )
+    phone_stream_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A call answered by the voice webhook whose media stream has not started after this "
+        "long is over (the caller hung up while it rang, or the stream URL is wrong).",
     )
 
     @field_validator("phone_agent_options", mode="before")

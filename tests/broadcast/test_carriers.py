@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ from bargein.edge.carriers.abc import (
     MarkPlayed,
     StreamStarted,
     StreamStopped,
+    Webhook,
 )
-from bargein.edge.carriers.codec import LINE_FRAME_BYTES, LineAudio
+from bargein.edge.carriers.codec import LINE_FRAME_BYTES, LineAudio, encode_alaw
 from bargein.edge.carriers.telnyx import Telnyx
 from bargein.edge.carriers.twilio import Twilio
 from bargein.settings import TelephonySettings
@@ -47,13 +49,65 @@ def test_twilio_messages_become_events() -> None:
 def test_telnyx_messages_become_events_and_name_no_stream() -> None:
     telnyx = Telnyx(TelephonySettings(telnyx_public_key="x"))
     start = {"event": "start", "stream_id": "st1",
-             "start": {"call_control_id": "v3:1", "media_format": {"encoding": "PCMU"}}}  # fmt: skip
-    assert telnyx.parse(json.dumps(start)) == StreamStarted("st1", "v3:1")
+             "start": {"call_control_id": "v3:1", "media_format": {"encoding": "PCMU"},
+                       "custom_parameters": {"session": "s", "token": "k"}}}  # fmt: skip
+    assert telnyx.parse(json.dumps(start)) == StreamStarted("st1", "v3:1", {"session": "s", "token": "k"})
     assert json.loads(telnyx.mark("st1", "1.0")) == {"event": "mark", "mark": {"name": "1.0"}}
-    with pytest.raises(CarrierError, match="PCMA"):
-        telnyx.parse(
-            json.dumps({**start, "start": {"call_control_id": "v", "media_format": {"encoding": "PCMA"}}})
-        )
+
+
+def test_a_telnyx_call_in_a_law_is_taken_and_one_in_another_codec_is_refused_saying_why() -> None:
+    telnyx = Telnyx(TelephonySettings(telnyx_public_key="x"))
+
+    def start(encoding: str) -> str:
+        return json.dumps({"event": "start", "stream_id": "st1", "start": {
+            "call_control_id": "v3:1", "media_format": {"encoding": encoding, "sample_rate": 8000},
+            "custom_parameters": [{"name": "session", "value": "s"}]}})  # fmt: skip
+
+    assert telnyx.parse(start("PCMA")) == StreamStarted("st1", "v3:1", {"session": "s"}, encoding="PCMA")
+    with pytest.raises(CarrierError, match=r"G722.*PCMU or PCMA"):
+        telnyx.parse(start("G722"))
+
+
+def test_the_caller_token_is_a_stream_parameter_never_in_a_url_and_the_status_is_asked_for() -> None:
+    for carrier in (Twilio(SETTINGS), Telnyx(SETTINGS)):
+        markup, _ = carrier.answer("wss://edge/v1/x/media", "https://edge/v1/x/status", "sess-1", "tok-1")
+        stream = ET.fromstring(markup).find("./Connect/Stream")
+        assert stream is not None, markup
+        assert stream.attrib["url"] == "wss://edge/v1/x/media", markup  # nothing in its query
+        assert stream.attrib["statusCallback"] == "https://edge/v1/x/status", markup
+        parameters = {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
+        assert parameters == {"session": "sess-1", "token": "tok-1"}, markup
+    telnyx_stream = ET.fromstring(Telnyx(SETTINGS).answer("wss://e", "https://e", "s", "t")[0])
+    assert telnyx_stream.find("./Connect/Stream").attrib["codec"] == "PCMU"  # type: ignore[union-attr]
+
+
+def _status(body: bytes, **form: str) -> Webhook:
+    return Webhook("https://edge/v1/x/status", {}, body, form)
+
+
+def test_status_callbacks_say_when_a_call_is_over_and_only_then() -> None:
+    for carrier in (Twilio(SETTINGS), Telnyx(SETTINGS)):
+        for status in ("completed", "busy", "failed", "no-answer", "canceled"):
+            ended = carrier.call_ended(_status(b"", CallSid="CA1", CallStatus=status))
+            assert ended is not None and ended.call_id == "CA1" and status in ended.why
+        for status in ("queued", "ringing", "in-progress"):
+            assert carrier.call_ended(_status(b"", CallSid="CA1", CallStatus=status)) is None
+        stream_error = carrier.call_ended(_status(b"", CallSid="CA1", StreamEvent="stream-error",
+                                                  StreamError="could not connect"))  # fmt: skip
+        assert stream_error is not None and "could not connect" in stream_error.why
+        assert carrier.call_ended(_status(b"", CallSid="CA1", StreamEvent="stream-started")) is None
+        with pytest.raises(CarrierError, match="CallSid"):
+            carrier.call_ended(_status(b"", CallStatus="completed"))
+    telnyx = Telnyx(SETTINGS)
+
+    def event(kind: str, **payload: str) -> Webhook:
+        return _status(json.dumps({"data": {"event_type": kind, "payload": payload}}).encode())
+
+    hangup = telnyx.call_ended(event("call.hangup", call_control_id="v3:9", hangup_cause="normal_clearing"))
+    assert hangup is not None and hangup.call_id == "v3:9" and "normal_clearing" in hangup.why
+    assert telnyx.call_ended(event("call.answered", call_control_id="v3:9")) is None
+    with pytest.raises(CarrierError):
+        telnyx.call_ended(event("call.hangup"))
 
 
 @pytest.mark.parametrize(
@@ -84,3 +138,12 @@ def test_the_line_keeps_speech_through_mu_law_and_back() -> None:
     assert abs(np.sqrt(np.mean(back[1600:] ** 2)) - 8000 / np.sqrt(2)) < 800  # the tone's loudness kept
     spectrum = np.abs(np.fft.rfft(back[1600:9600]))
     assert abs(np.argmax(spectrum) * 16000 / 8000 - 440) < 10  # ... and its pitch
+
+
+def test_a_law_from_the_line_is_decoded_as_a_law() -> None:
+    tone = (np.sin(np.arange(8000) * 2 * np.pi * 440 / 8000) * 8000).astype("<i2")
+    heard = np.frombuffer(LineAudio("PCMA").from_line(encode_alaw(tone.tobytes())), dtype="<i2")
+    misread = np.frombuffer(LineAudio("PCMU").from_line(encode_alaw(tone.tobytes())), dtype="<i2")
+    rms = lambda x: float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))  # noqa: E731
+    assert abs(rms(heard) - rms(tone)) < 0.1 * rms(tone)  # the tone's loudness, kept
+    assert abs(rms(misread) - rms(tone)) > 0.3 * rms(tone)  # read as μ-law it is noise of another level

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -26,7 +27,19 @@ from bargein.edge.tokens import Tokens
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING, TIER_SPEECH
 from tests.broadcast.test_voice import ALPHABET, history, speech_of
-from tests.carrier import CarrierApi, MediaStream, TelnyxStream, from_line, ring, ring_telnyx, streamed
+from tests.carrier import (
+    CarrierApi,
+    MediaStream,
+    TelnyxStream,
+    from_line,
+    ring,
+    ring_telnyx,
+    streamed,
+    telnyx_event,
+    twilio_status,
+)
+from tests.client import connect, create_session, say
+from tests.client import until as until_frame
 from tests.integration.agents import OPERATOR
 from tests.integration.cluster import Cluster, cluster_env, reset_shared_queues
 from tests.loopback import Loopback
@@ -38,6 +51,8 @@ TELNYX_PUBLIC = base64.b64encode(
     TELNYX_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 ).decode()
 T = 30.0
+STREAM_WAIT_S = 6.0  # BARGEIN_PHONE_STREAM_WAIT_S here: a call whose stream never starts ends then
+GRACE_S = 3.0  # BARGEIN_RECONNECT_GRACE_S here: a web caller gone this long without `end` ends it
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +77,8 @@ def phone_cluster(
         BARGEIN_TWILIO_ACCOUNT_SID="AC123",
         BARGEIN_TWILIO_API_URL=carrier_api,
         BARGEIN_TELNYX_PUBLIC_KEY=TELNYX_PUBLIC,
+        BARGEIN_PHONE_STREAM_WAIT_S=str(STREAM_WAIT_S),
+        BARGEIN_RECONNECT_GRACE_S=str(GRACE_S),
         BARGEIN_PHONE_AGENT_OPTIONS=json.dumps(
             {"agent": "tests.integration.agents:probe", "say": ALPHABET, "word_delay": 0.005}
         ),
@@ -114,12 +131,20 @@ class listening:
         self.task.cancel()
 
 
+async def alive(redis_url: str, session_id: str) -> bool:
+    store = RedisStateStore.from_url(redis_url)
+    try:
+        return all([await store.session_info(tier, session_id) for tier in (TIER_REASONING, TIER_SPEECH)])
+    finally:
+        await store.close()
+
+
 async def ended_everywhere(redis_url: str, session_id: str, timeout: float = T) -> None:
     store = RedisStateStore.from_url(redis_url)
     try:
         deadline = time.monotonic() + timeout
         while any([await store.session_info(tier, session_id) for tier in (TIER_REASONING, TIER_SPEECH)]):
-            assert time.monotonic() < deadline, "the session lives on after the hang-up"
+            assert time.monotonic() < deadline, f"the session lives on after {timeout:g} s"
             await asyncio.sleep(0.1)
     finally:
         await store.close()
@@ -228,13 +253,16 @@ async def test_key_presses_reach_the_agent(stack: str) -> None:
         await until(lambda: loud(bytes(call.played)), what="the answer to the keys is never heard")
 
 
+@pytest.mark.parametrize("encoding", ["PCMU", "PCMA"])
 async def test_a_telnyx_call_is_heard_and_answered_and_its_hang_up_ends_it(
-    stack: str, redis_url: str
+    stack: str, redis_url: str, encoding: str
 ) -> None:
+    # PCMA: a European call Telnyx could not transcode to the μ-law the markup asks for
     answer = await ring_telnyx(stack, TELNYX_KEY)
-    assert "session=" in answer.stream_url and "token=" in answer.stream_url
-    session_id = answer.stream_url.split("session=")[1].split("&")[0]
-    async with listening(stack, session_id) as listener, streamed(answer, TelnyxStream) as call:
+    assert "?" not in answer.stream_url, "the caller token must not ride in the stream URL"
+    session_id = answer.parameters["session"]
+    streaming = streamed(answer, TelnyxStream, encoding=encoding)
+    async with listening(stack, session_id) as listener, streaming as call:
         await call.speak(speech_of("one_utterance.wav")[: 16000 * 2 * 3], then_silence_s=1.2)
         await listener.wait("would like")
         await until(lambda: loud(bytes(call.played)), what="the answer is never heard")
@@ -290,3 +318,77 @@ async def test_a_cough_on_the_line_pauses_the_voice_with_a_clear_and_nothing_is_
     ours, theirs = len(call.played.rstrip(b"\xff")), len(control.played.rstrip(b"\xff"))
     assert ours - theirs < 480, (ours, theirs)
     assert theirs - ours < 960, (ours, theirs)
+
+
+# --- sessions end when the call does ----------------------------------------------------------------
+
+
+async def test_a_call_that_hangs_up_before_its_stream_starts_ends_when_twilio_says_so(
+    stack: str, redis_url: str
+) -> None:
+    answer = await ring(stack, AUTH_TOKEN)
+    session_id, status_url = answer.parameters["session"], answer.attributes["statusCallback"]
+    assert status_url == f"{stack}/v1/twilio/status"
+    call = {"CallSid": answer.call_sid}
+    assert await twilio_status(status_url, AUTH_TOKEN, forged=True, **call, CallStatus="canceled") == 403
+    assert await twilio_status(status_url, AUTH_TOKEN, **call, CallStatus="in-progress") == 204
+    assert await twilio_status(status_url, AUTH_TOKEN, **call, StreamEvent="stream-started") == 204
+    assert await alive(redis_url, session_id), "a forged or a going-on status ended the call"
+    assert await twilio_status(status_url, AUTH_TOKEN, **call, CallStatus="canceled") == 204
+    # well before the stream wait would have ended it
+    await ended_everywhere(redis_url, session_id, timeout=STREAM_WAIT_S - 2)
+    other = {"CallSid": "CA-not-ours"}  # a call no session answers: nothing to end, no error
+    assert await twilio_status(status_url, AUTH_TOKEN, **other, CallStatus="completed") == 204
+
+
+async def test_a_call_whose_stream_never_starts_ends_after_the_stream_wait(
+    stack: str, redis_url: str
+) -> None:
+    asked = time.monotonic()
+    answer = await ring(stack, AUTH_TOKEN)  # and then no stream (its URL was wrong, say)
+    session_id = answer.parameters["session"]
+    await asyncio.sleep(STREAM_WAIT_S / 2)
+    assert await alive(redis_url, session_id)
+    await ended_everywhere(redis_url, session_id, timeout=STREAM_WAIT_S + T)
+    assert time.monotonic() - asked >= STREAM_WAIT_S - 0.5
+
+
+async def test_a_telnyx_hang_up_event_ends_the_call_and_closes_its_stream(stack: str, redis_url: str) -> None:
+    answer = await ring_telnyx(stack, TELNYX_KEY)
+    session_id = answer.parameters["session"]
+    status_url = answer.attributes["statusCallback"]
+    async with streamed(answer, TelnyxStream) as call:
+        await asyncio.sleep(0.5)
+        hangup = {"call_control_id": answer.call_sid, "hangup_cause": "normal_clearing"}
+        assert await telnyx_event(status_url, Ed25519PrivateKey.generate(), "call.hangup", **hangup) == 403
+        assert await telnyx_event(status_url, TELNYX_KEY, "call.answered", **hangup) == 204
+        assert await alive(redis_url, session_id)
+        assert await telnyx_event(status_url, TELNYX_KEY, "call.hangup", **hangup) == 204
+        await ended_everywhere(redis_url, session_id)
+        await asyncio.wait_for(call.ws.wait_closed(), T)
+
+
+async def test_a_web_caller_who_leaves_without_end_may_come_back_within_the_grace_and_then_it_ends(
+    stack: str, redis_url: str
+) -> None:
+    session = await create_session(stack, agent_options={"agent": "tests.integration.agents:probe"})
+    session_id = session["session_id"]
+    async with connect(session) as ws:
+        await say(ws, "hello")
+        await until_frame(ws, "turn_complete")
+    # the connection dropped (a tunnel, a reload): no `end`
+    await asyncio.sleep(GRACE_S * 0.6)
+    async with connect(session) as ws:  # back in time: the same session, going on
+        await say(ws, "again")
+        await until_frame(ws, "turn_complete")
+    left = time.monotonic()
+    await asyncio.sleep(GRACE_S * 0.6)  # the grace counts from the last time the caller left
+    assert await alive(redis_url, session_id)
+    async with connect(session, role="listener", token=session["listener_token"]):
+        await ended_everywhere(redis_url, session_id, timeout=GRACE_S + T)  # a listener is no caller
+    assert time.monotonic() - left >= GRACE_S - 0.5
+    async with connect(session) as ws:  # too late: the session is over
+        frames = []
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await until_frame(ws, "error", frames)
+        assert [f.get("code") for f in frames if f["type"] == "error"] == ["unknown_session"], frames

@@ -8,6 +8,7 @@ an orphan any worker may adopt; deleting a finished session's state starts its e
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -225,3 +226,38 @@ async def test_a_worker_whose_heartbeat_stops_is_dead_and_its_sessions_can_be_ta
     assert await store.owned_sessions(DIRECTORY_TIER, a) == []
     await store.forget_worker(DIRECTORY_TIER, a)
     assert a not in await store.dead_workers(DIRECTORY_TIER)
+
+
+async def test_a_callers_deadline_only_moves_later_and_each_session_due_goes_to_one_asker(
+    store: StateStore, session: Session
+) -> None:
+    # the deadlines are wall-clock times; another process sweeping the same Redis takes only what
+    # is due by its own clock, so the ones here are kept clear of it until the test asks
+    left, stays = session("left"), session("stays")
+    now = time.time()
+    await store.expect_callers({left: now + 0.3, stays: now + 0.3})
+    await store.expect_callers({left: now - 100})  # an earlier deadline never replaces a later one
+    await store.expect_callers({stays: now + LONG_MS / 1000})  # a caller seen again: later
+    assert await store.caller_deadline(left) == pytest.approx(now + 0.3, abs=1e-3)
+    assert await store.caller_deadline(session("never")) is None
+    assert left not in await store.callers_gone(now, limit=10_000)  # not due yet
+    await asyncio.sleep(LAPSE_S)
+    askers = await asyncio.gather(*(store.callers_gone(time.time(), limit=10_000) for _ in range(4)))
+    assert sum(asked.count(left) for asked in askers) == 1  # exactly one of them ends it
+    assert not any(stays in asked for asked in askers)
+    assert await store.caller_deadline(left) is None
+    assert await store.callers_gone(time.time(), limit=0) == []
+    await store.forget_callers(stays)
+    assert await store.caller_deadline(stays) is None
+
+
+async def test_a_phone_call_names_its_session_until_its_record_expires(
+    store: StateStore, session: Session
+) -> None:
+    call, s = session("CA-call"), session("answered")
+    assert await store.session_of_call("twilio", call) is None
+    await store.note_call("twilio", call, s, SHORT_MS)
+    assert await store.session_of_call("twilio", call) == s
+    assert await store.session_of_call("telnyx", call) is None  # each carrier's ids are its own
+    await asyncio.sleep(LAPSE_S)
+    assert await store.session_of_call("twilio", call) is None

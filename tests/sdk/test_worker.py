@@ -7,6 +7,7 @@ in tests/integration, with real processes).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -114,6 +115,39 @@ async def test_an_orphaned_session_is_adopted_and_its_turn_resumed(pool: Pool) -
     assert second.adopted == 1
     rest = await caller.collect_turn()
     assert heard + reply_text(rest) == REPLY
+
+
+@pytest.mark.parametrize("dead_worker", [False, True])
+async def test_a_worker_that_starts_adopts_only_the_sessions_whose_callers_are_still_there(
+    pool: Pool, dead_worker: bool
+) -> None:
+    # the first worker dies (lease run out, or its heartbeat stopped); one caller is still on the
+    # line, the other left without `end` longer ago than the edge's reconnect grace, and no edge was
+    # there to end it: the adopter ends that one instead of bringing back a call nobody is on
+    first = await pool.worker()
+    here, gone, untracked = await pool.session(), await pool.session(), await pool.session()
+    await wait_for(lambda: all(c.session_id in first.host.sessions for c in (here, gone, untracked)))
+    now = time.time()
+    await pool.store.expect_callers({here.session_id: now + 60, gone.session_id: now - 1})
+    await first.abandon()
+    if dead_worker:
+        first.host.stop_heartbeat()
+    else:
+        for caller in (here, gone, untracked):
+            pool.store.expire_lease(TIER_REASONING, caller.session_id)
+    second = await pool.worker()
+    await wait_for(lambda: here.session_id in second.host.sessions)
+    await wait_for(lambda: untracked.session_id in second.host.sessions)  # no edge keeps its callers
+    for _ in range(200):  # ended, not orphaned: out of the directory (the sessions are taken in turn)
+        if await pool.store.session_info(TIER_REASONING, gone.session_id) is None:
+            break
+        await asyncio.sleep(0.01)
+    assert await pool.store.session_info(TIER_REASONING, gone.session_id) is None
+    await pool.broker.settle()
+    assert gone.session_id not in second.host.sessions
+    assert second.adopted == 2
+    await here.emit(UserStoppedSpeaking())
+    assert reply_text(await here.collect_turn()) == REPLY
 
 
 def _counters(worker: Worker, caller: Caller) -> Counter[str]:

@@ -12,6 +12,9 @@ from bargein.settings import VoiceSettings
 from bargein.speech.whisper import WhisperTranscriber
 from bargein.voice.engines import synthesizer_from_settings
 from bargein.voice.espeak import EspeakSynthesizer
+from bargein.voice.phrases import TurnText
+from bargein.voice.player import Mark, Player
+from bargein.voice.speech import WordTiming, complete_words
 
 PHRASE = "The weather today is sunny and warm in Zürich."
 
@@ -30,6 +33,46 @@ async def test_it_speaks_with_a_timing_for_every_word(espeak: EspeakSynthesizer)
     ]  # fmt: skip
     starts = [w.sample for w in speech.words]
     assert starts == sorted(starts) and starts[0] < SAMPLE_RATE // 10 and starts[-1] < speech.samples
+
+
+# the finding: eSpeak NG gave no word event for 5 of this passage's words ("the", "a")
+PASSAGE = (
+    "The quick brown fox jumps over the lazy dog while a small bird sings in the old oak tree, "
+    "and a farmer walks the long road to the market with a basket of apples for the people of the town."
+)
+
+
+async def test_every_word_of_a_long_passage_gets_a_timing_and_a_mark_of_its_own(
+    espeak: EspeakSynthesizer,
+) -> None:
+    speech = await espeak.synthesize(PASSAGE)
+    words = PASSAGE.split()
+    assert [PASSAGE[w.start : w.end].rstrip(",.") for w in speech.words] == [w.rstrip(",.") for w in words]
+    starts = [w.sample for w in speech.words]
+    assert starts == sorted(starts) and starts[-1] < speech.samples
+    text = TurnText(1)
+    text.add(0, PASSAGE)
+    text.complete = True
+    player, marks = Player(lead_ms=200), []
+    for phrase in text.phrases():
+        player.add(text, phrase, await espeak.synthesize(phrase.text))
+    t = 0.0
+    while player.playing:
+        marks += [o.word.rstrip(",.") for o in player.tick(t) if isinstance(o, Mark) and o.word]
+        t += 0.02
+    assert marks == [w.rstrip(",.") for w in words]
+
+
+def test_a_word_the_engine_skipped_is_placed_between_its_neighbours_by_length() -> None:
+    text = "send the invoice a day later"
+    found = (WordTiming(0, 4, 0), WordTiming(9, 16, 1000), WordTiming(19, 22, 2000))  # no "the", "a"
+    words = complete_words(text, found, 4000)
+    assert [text[w.start : w.end] for w in words] == text.split()
+    assert [w.sample for w in words][:4] == [0, 556, 1000, 1800]  # "the": 5 of 9 parts after "send"
+    assert 2000 < words[-1].sample < 4000  # "later", after the last timed word: up to the audio's end
+    assert complete_words("send it", (WordTiming(0, 4, 0), WordTiming(5, 7, 10)), 20) == (
+        WordTiming(0, 4, 0), WordTiming(5, 7, 10),
+    )  # fmt: skip
 
 
 async def test_cutting_the_audio_at_a_word_boundary_keeps_exactly_the_words_before_it(

@@ -88,7 +88,7 @@ from bargein.edge.protocol import (
 from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.load import LoopLag
-from bargein.hosting.sessions import create_session, forget_session
+from bargein.hosting.sessions import create_session, end_session, forget_session
 from bargein.metrics import Counted
 from bargein.settings import BroadcastSettings, VoiceSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
@@ -333,6 +333,9 @@ class EdgeSession:
         self.ended = False
         self.end_reason: str | None = None
         self.idle_since: float | None = time.monotonic()
+        # when the call is over unless a caller is connected (wall clock, as the store keeps it;
+        # None: this edge only listens, the one that created the session keeps the first deadline)
+        self.alone_until: float | None = None
         self.playback = Playback()  # told to the speech tier as it changes, in order
         self.playback_lock = asyncio.Lock()
         self.voice: Voice | None = None  # the agent's voice, once a connection wants audio
@@ -367,6 +370,12 @@ class EdgeSession:
         self.connections.discard(connection)
         if not self.connections:
             self.idle_since = time.monotonic()
+        if connection.role == "caller" and not self.has_caller:  # the call may be over: a grace to rejoin
+            self.alone_until = time.time() + self.edge.settings.reconnect_grace_s
+
+    @property
+    def has_caller(self) -> bool:
+        return any(c.role == "caller" for c in self.connections)
 
     def clear(self, turn: int, why: str, since: float | None = None) -> None:
         """Cut ``turn`` off for every connection now (``since``: when the barge-in was published)."""
@@ -552,6 +561,7 @@ class Edge:
             asyncio.create_task(self._report_loop(), name="edge-reports"),
             asyncio.create_task(self._housekeeping(), name="edge-housekeeping"),
             asyncio.create_task(self._backlog_loop(), name="edge-backlog"),
+            asyncio.create_task(self._caller_loop(), name="edge-callers"),
         ]
         if self.synthesizer is not None:
             self._tasks.append(asyncio.create_task(self._voice_loop(), name="edge-voice"))
@@ -580,10 +590,19 @@ class Edge:
     # --- sessions --------------------------------------------------------------------------------
 
     async def create_session(
-        self, agent_options: dict[str, Any], turn_taking: dict[str, Any], voice: str | None = None
+        self,
+        agent_options: dict[str, Any],
+        turn_taking: dict[str, Any],
+        voice: str | None = None,
+        *,
+        join_within_s: float | None = None,
     ) -> str:
+        """A new session; it ends unless its caller joins within ``join_within_s`` (by default the
+        reconnect grace, ``BARGEIN_RECONNECT_GRACE_S``)."""
         session_id = new_session_id()
-        await self._track(session_id)  # listen first: nothing the agent says first is missed
+        session = await self._track(session_id)  # listen first: nothing the agent says first is missed
+        session.alone_until = time.time() + (join_within_s or self.settings.reconnect_grace_s)
+        await self.store.expect_callers({session_id: session.alone_until})
         options = {**agent_options, "turn_taking": turn_taking}
         if voice is not None:
             options[VOICE_OPTION] = voice
@@ -777,7 +796,10 @@ class Edge:
         return True
 
     async def _end(
-        self, session: EdgeSession, reason: Literal["caller", "agent", "transferred", "rejected"]
+        self,
+        session: EdgeSession,
+        reason: Literal["caller", "caller_left", "agent", "transferred", "rejected"],
+        why: str = "agent ended the call",
     ) -> None:
         """The call is over: tell every connection (after what is queued for it), close, tidy up."""
         if session.ended:
@@ -790,9 +812,14 @@ class Edge:
         await asyncio.sleep(0)
         for connection in list(session.connections):
             await connection.close_when_sent()
-        if reason != "caller":  # the owners end their side when they hear it
-            await self._publish(session.session_id, EndCall(reason="agent ended the call"))
-        await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
+        if reason == "caller":  # the owners heard the caller's EndCall already
+            await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
+            with contextlib.suppress(Exception):  # the store is away: the sweep finds it over later
+                await self.store.forget_callers(session.session_id)
+        else:  # the owners end their side when they hear it (a side nobody owns is forgotten here)
+            await end_session(
+                self.transport, self.store, session.session_id, by=self.owner, reason=why, source=Source.EDGE
+            )
         if had_callers:
             await self._forget(session.session_id)
         elif self.queue is not None:  # over before its caller joined: a late join is told so
@@ -915,6 +942,47 @@ class Edge:
                 if session.paused_since is not None and now - session.paused_since > longest:
                     session.soft_resume(now, f"no verdict on the burst in {longest:g} s")
                 session.voice_outputs(session.voice.tick(now))
+
+    async def end_call(self, session_id: str, why: str) -> None:
+        """End a session whose call is over though nobody said ``end`` (its caller left and did not
+        come back, its phone stream never started, the carrier says the call ended), on every tier,
+        whichever edge its caller used."""
+        session = self.sessions.get(session_id)
+        if session is not None and session.ended:
+            return
+        self.count("calls_ended_unattended")
+        log.info("session %s: %s; ending it", session_id, why)
+        if session is not None:
+            await self._end(session, "caller_left", why)
+        else:
+            await end_session(
+                self.transport, self.store, session_id, by=self.owner, reason=why, source=Source.EDGE
+            )
+
+    async def _caller_loop(self) -> None:
+        """Tell the store which sessions have their caller here (their deadline moves on), and end
+        the sessions, wherever their caller was, whose deadline passed (docs/protocol.md, "Leaving")."""
+        grace = self.settings.reconnect_grace_s
+        interval = min(HOUSEKEEPING_S, max(grace / 4, 0.05))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time()
+            deadlines = {
+                sid: now + grace if session.has_caller else session.alone_until
+                for sid, session in self.sessions.items()
+                if not session.ended and (session.has_caller or session.alone_until is not None)
+            }
+            try:
+                await self.store.expect_callers({sid: at for sid, at in deadlines.items() if at is not None})
+                over = await self.store.callers_gone(now)
+            except Exception as exc:  # the store is away: the deadlines are told again next time
+                log.debug("callers not told to the store: %s", exc)
+                continue
+            for session_id in over:
+                try:
+                    await self.end_call(session_id, f"no caller for {grace:g} s")
+                except Exception as exc:  # the broker is away: the owners end it when it goes quiet
+                    log.warning("session %s: its end was not told: %s", session_id, exc)
 
     async def _backlog_loop(self) -> None:
         """Ask the broker how far behind this process is, twice a second."""

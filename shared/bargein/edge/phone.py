@@ -7,8 +7,12 @@ The path of a call (docs/telephony.md):
    call's audio to ``/v1/<carrier>/media`` with the session and a caller token.
 2. The carrier opens that WebSocket and announces the stream; the token is checked as any
    caller's, and the stream joins the session as a caller that hears audio and reports playback.
-3. The caller's μ-law 8 kHz becomes PCM16 16 kHz for the speech tier; key presses become DTMF
+3. The caller's G.711 at 8 kHz becomes PCM16 16 kHz for the speech tier; key presses become DTMF
    events; the hang-up ends the session on every tier.
+5. The carrier's status callbacks (``/v1/<carrier>/status``, signed like the voice webhook) end the
+   session of a call that is over without a stream to say so: the caller hung up before it
+   started, or it failed. A stream that has not started ``BARGEIN_PHONE_STREAM_WAIT_S`` after the
+   webhook answered ends the session too.
 4. The agent's voice goes out as μ-law frames with a mark after each word: the carrier echoes a
    mark when the caller has heard it, which is what the history keeps after a barge-in. A barge-in
    (and the soft barge-in's pause) sends ``clear``; marks the carrier echoes for audio a clear
@@ -23,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -58,6 +62,15 @@ CARRIERS: dict[str, type[Carrier]] = {carrier.name: carrier for carrier in (Twil
 LINE_AUDIO = "mulaw"  # a phone connection's audio (the carrier's codec; the wire converts)
 VOICE_QUERY = "voice"  # ``/v1/<carrier>/voice?voice=...`` picks the agent's voice
 TRANSFER_WAIT_S = 10.0  # how long a transferred call's stream stays open for the REST call
+CALL_RECORD_MS = 12 * 3600 * 1000  # how long a call id names its session (longer than any call)
+
+
+def status_url_for(webhook_url: str) -> str | None:
+    """The status callback beside a voice webhook (``.../v1/<carrier>/voice`` → ``.../status``)."""
+    parts = urlsplit(webhook_url)
+    if not parts.path.endswith("/voice"):
+        return None
+    return urlunsplit(parts._replace(path=parts.path.removesuffix("/voice") + "/status", query=""))
 
 
 def carriers_from(settings: TelephonySettings) -> dict[str, Carrier]:
@@ -69,13 +82,15 @@ class CarrierWire:
 
     drops_buffer_on_pause = True  # a carrier cannot pause playback: a pause is a clear and a rewind
 
-    def __init__(self, ws: WebSocket, carrier: Carrier, stream_id: str, call_id: str) -> None:
+    def __init__(
+        self, ws: WebSocket, carrier: Carrier, stream_id: str, call_id: str, encoding: str = "PCMU"
+    ) -> None:
         self.ws = ws
         self.carrier = carrier
         self.stream_id = stream_id
         self.call_id = call_id
         self._transfer: asyncio.Task[None] | None = None
-        self.line = LineAudio()
+        self.line = LineAudio(encoding)
         self._pending: set[str] = set()  # marks sent, not yet echoed
         self._dropped: set[str] = set()  # marks a clear threw away: their echo is not "heard"
 
@@ -144,37 +159,76 @@ def phone_routes(
         log.warning("%s webhook refused: %s%s", carrier.name, why, detail)
         return JSONResponse({"error": {"code": "forbidden", "message": why}}, status_code=status)
 
+    async def verified(carrier: Carrier, request: Request) -> Webhook | Response:
+        """The carrier's request, signature checked; or the refusal to reply with."""
+        if not carrier.configured:
+            return refuse(carrier, f"{carrier.name} is not configured on this edge (docs/telephony.md)")
+        body = await read_body(request, max_body_bytes)
+        if body is None:
+            return refuse(carrier, "the body is too large", 413)
+        form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        webhook = Webhook(requested_url(request, public_url), dict(request.headers), body, form)
+        try:
+            carrier.verify(webhook)
+        except CarrierError as exc:
+            whose = "BARGEIN_PUBLIC_URL" if public_url else "the request as this process sees it"
+            if public_url is None:
+                whose += " (behind a proxy, set BARGEIN_PUBLIC_URL to the URL the carrier calls)"
+            return refuse(carrier, str(exc), detail=f"; checked against {webhook.url}, from {whose}")
+        return webhook
+
     def voice_endpoint(carrier: Carrier) -> Callable[[Request], Any]:
         async def voice(request: Request) -> Response:
-            if not carrier.configured:
-                return refuse(carrier, f"{carrier.name} is not configured on this edge (docs/telephony.md)")
-            body = await read_body(request, max_body_bytes)
-            if body is None:
-                return refuse(carrier, "the body is too large", 413)
-            form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-            webhook = Webhook(requested_url(request, public_url), dict(request.headers), body, form)
-            try:
-                carrier.verify(webhook)
-            except CarrierError as exc:
-                whose = "BARGEIN_PUBLIC_URL" if public_url else "the request as this process sees it"
-                if public_url is None:
-                    whose += " (behind a proxy, set BARGEIN_PUBLIC_URL to the URL the carrier calls)"
-                return refuse(carrier, str(exc), detail=f"; checked against {webhook.url}, from {whose}")
+            webhook = await verified(carrier, request)
+            if isinstance(webhook, Response):
+                return webhook
             if edge.overloaded:
                 edge.count("sessions_refused_overloaded")
                 return overloaded()
             query = dict(request.query_params)
             voice_name = query.pop(VOICE_QUERY, None)
-            session_id = await edge.create_session({**agent_options, **query}, {}, voice_name)
+            session_id = await edge.create_session(
+                {**agent_options, **query},
+                {},
+                voice_name,
+                join_within_s=carrier.settings.phone_stream_wait_s,  # a stream never opened ends it
+            )
+            call_id = carrier.call_id(webhook)
+            if call_id is not None:  # its status callbacks name the call, not the session
+                await edge.store.note_call(carrier.name, call_id, session_id, CALL_RECORD_MS)
             edge.count(f"{carrier.name}_calls")
             media_url = f"{websocket_base(request, public_url)}/v1/{carrier.name}/media"
-            markup, media_type = carrier.answer(media_url, session_id, tokens.issue(session_id, "caller"))
-            log.info(
-                "session %s: a %s call (%s), answered", session_id, carrier.name, form.get("CallSid", "?")
-            )
+            status_url = status_url_for(requested_url(request, public_url)) or ""
+            token = tokens.issue(session_id, "caller")
+            markup, media_type = carrier.answer(media_url, status_url, session_id, token)
+            log.info("session %s: a %s call (%s), answered", session_id, carrier.name, call_id or "?")
             return Response(markup, media_type=media_type)
 
         return voice
+
+    def status_endpoint(carrier: Carrier) -> Callable[[Request], Any]:
+        async def status(request: Request) -> Response:
+            webhook = await verified(carrier, request)
+            if isinstance(webhook, Response):
+                return webhook
+            try:
+                ended = carrier.call_ended(webhook)
+            except CarrierError as exc:
+                edge.count(f"{carrier.name}_bad_status")
+                log.warning("%s status callback: %s", carrier.name, exc)
+                return JSONResponse({"error": {"code": "bad_request", "message": str(exc)}}, status_code=400)
+            if ended is None:  # ringing, answered, the stream started: nothing to do
+                return Response(status_code=204)
+            session_id = await edge.store.session_of_call(carrier.name, ended.call_id)
+            if session_id is None:  # not a call of ours, or one long over
+                edge.count(f"{carrier.name}_status_unknown_call")
+                log.info("%s call %s: %s; no session answers it", carrier.name, ended.call_id, ended.why)
+                return Response(status_code=204)
+            edge.count(f"{carrier.name}_calls_ended_by_status")
+            await edge.end_call(session_id, f"{carrier.name} call {ended.call_id}: {ended.why}")
+            return Response(status_code=204)
+
+        return status
 
     def media_endpoint(carrier: Carrier) -> Callable[[WebSocket], Any]:
         async def media(ws: WebSocket) -> None:
@@ -196,6 +250,7 @@ def phone_routes(
     routes: list[BaseRoute] = []
     for carrier in carriers.values():
         routes.append(Route(f"/v1/{carrier.name}/voice", voice_endpoint(carrier), methods=["POST"]))
+        routes.append(Route(f"/v1/{carrier.name}/status", status_endpoint(carrier), methods=["POST"]))
         routes.append(WebSocketRoute(f"/v1/{carrier.name}/media", media_endpoint(carrier)))
     return routes
 
@@ -231,7 +286,7 @@ class _Call:
             return
         try:
             if isinstance(event, CallerAudio):
-                pcm = self.wire.line.from_line(event.ulaw)
+                pcm = self.wire.line.from_line(event.payload)
                 if pcm:
                     await self.edge.client_audio(self.connection, pcm)  # refusals are counted there
             elif isinstance(event, KeyPressed):
@@ -255,24 +310,26 @@ class _Call:
         if self.connection is not None:
             self._bad("a second start")
             return
-        session_id = event.parameters.get(SESSION_PARAMETER) or self.ws.query_params.get(
-            SESSION_PARAMETER, ""
-        )
-        token = event.parameters.get(TOKEN_PARAMETER) or self.ws.query_params.get(TOKEN_PARAMETER)
+        # from the stream's start only: a token in the URL would be in every proxy's access log
+        session_id = event.parameters.get(SESSION_PARAMETER, "")
+        token = event.parameters.get(TOKEN_PARAMETER)
         admitted = await admit(self.edge, self.tokens, session_id, token, "caller")
         if isinstance(admitted, Refusal):  # a carrier reads no frame: the reason is logged
             log.warning("%s stream %s: %s", self.carrier.name, event.stream_id, admitted.frame.message)
             await self.ws.close(admitted.close_code)
             self.over = True
             return
-        self.wire = CarrierWire(self.ws, self.carrier, event.stream_id, event.call_id)
+        self.wire = CarrierWire(self.ws, self.carrier, event.stream_id, event.call_id, event.encoding)
         self.connection = await self.edge.join(session_id, self.wire, "caller", True, LINE_AUDIO)
+        with contextlib.suppress(Exception):  # (the voice webhook's call id names it already)
+            await self.edge.store.note_call(self.carrier.name, event.call_id, session_id, CALL_RECORD_MS)
         log.info(
-            "session %s: %s stream %s of call %s joined",
+            "session %s: %s stream %s of call %s joined (%s)",
             session_id,
             self.carrier.name,
             event.stream_id,
             event.call_id,
+            event.encoding,
         )
 
     async def hang_up(self) -> None:

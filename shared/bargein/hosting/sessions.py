@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
+from bargein.agent.events import EndCall
+from bargein.errors import UnroutableError
 from bargein.transport.abc import StateStore, Transport
-from bargein.wire.names import IN, TIER_REASONING, Tier
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, Tier
 from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.hosting.sessions")
+
+TIERS: tuple[Tier, ...] = (TIER_SPEECH, TIER_REASONING)
+ENDING_LEASE_MS = 30_000  # held while a session nobody owns is forgotten
 
 
 async def create_session(
@@ -24,3 +35,30 @@ async def forget_session(transport: Transport, store: StateStore, session_id: st
     await store.unregister_session(tier, session_id)
     await store.delete_state(tier, session_id)
     await transport.delete_mailbox(session_id, tier)
+
+
+async def end_session(
+    transport: Transport,
+    store: StateStore,
+    session_id: str,
+    *,
+    by: str,
+    reason: str,
+    source: str,
+    replacing: str | None = None,
+) -> None:
+    """End a session from outside its owners (the caller left for good, the carrier says the call
+    is over). Every tier's owner hears :class:`EndCall` and ends its side; a tier nobody owns (its
+    worker died, or drained) is forgotten here, so that no worker adopts a call that is over
+    (``replacing``: a dead worker whose leases may not have run out yet)."""
+    hangup = Envelope.wrap(session_id, EndCall(reason=reason), source=source)
+    with contextlib.suppress(UnroutableError):  # no mailbox hears it: every tier has ended already
+        await transport.publish(hangup, IN)
+    for tier in TIERS:
+        epoch = await store.acquire_lease(tier, session_id, by, ENDING_LEASE_MS, replacing=replacing)
+        if epoch is None:  # owned: its owner ends it on the EndCall
+            continue
+        await forget_session(transport, store, session_id, tier=tier)
+        await store.release_lease(tier, session_id, by, epoch)
+        log.info("session %s: nobody owned its %s side; forgotten (%s)", session_id, tier, reason)
+    await store.forget_callers(session_id)

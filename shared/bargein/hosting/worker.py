@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from bargein import metrics
 from bargein.errors import EnvelopeError, SessionRejected
 from bargein.hosting.host import SessionHost, SessionTaken
 from bargein.hosting.load import LoopLag
+from bargein.hosting.sessions import end_session
 from bargein.transport.abc import Subscription
 from bargein.wire.session_info import SessionInfo
 
@@ -106,7 +108,7 @@ class Worker:
             return 0
         taken = 0
         for session_id, raw in await self.host.store.orphaned_sessions(self.host.tier, limit=room):
-            if session_id in self.host.sessions:
+            if session_id in self.host.sessions or await self._call_over(session_id):
                 continue
             try:
                 runtime = await self.host.open(SessionInfo.decode(raw))
@@ -122,6 +124,23 @@ class Worker:
         self.adopted += taken
         return taken
 
+    async def _call_over(self, session_id: str, replacing: str | None = None) -> bool:
+        """Whether the session's call is over though nobody ended it: its caller left (or never
+        came) longer ago than the edge waits (``BARGEIN_RECONNECT_GRACE_S``) and no edge was there
+        to end it. Such a session is ended here on every tier, not adopted."""
+        host = self.host
+        deadline = await host.store.caller_deadline(session_id)
+        if deadline is None or deadline > time.time():
+            return False
+        why = f"its caller left; the reconnect grace ran out {time.time() - deadline:.0f} s ago"
+        by = host.owner
+        await end_session(
+            host.transport, host.store, session_id, by=by, reason=why, source=by, replacing=replacing
+        )
+        metrics.count(host.tier, "ended_not_adopted")
+        log.info("session %s: %s; ended, not adopted", session_id, why)
+        return True
+
     async def take_over_dead_workers(self) -> int:
         """Take the sessions of workers whose heartbeat stopped, without waiting for each session's
         lease to run out (a killed worker's sessions resume within about the liveness TTL)."""
@@ -133,7 +152,7 @@ class Worker:
                 if self.room <= 0:
                     return taken
                 raw = await store.session_info(tier, session_id)
-                if raw is None:  # the session ended meanwhile
+                if raw is None or await self._call_over(session_id, replacing=dead):  # it is over
                     await store.note_owned(tier, dead, session_id, False)
                     continue
                 try:

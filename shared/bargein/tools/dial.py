@@ -12,7 +12,7 @@ import re
 import sys
 
 from bargein.edge.carriers.abc import CarrierError
-from bargein.edge.phone import CARRIERS
+from bargein.edge.phone import CARRIERS, status_url_for
 from bargein.settings import BroadcastSettings, TelephonySettings, load
 
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
@@ -40,7 +40,7 @@ def main(to: str, from_: str, carrier_name: str = "twilio", webhook: str | None 
     carrier = CARRIERS[carrier_name](load(TelephonySettings))
     print(f"calling {to} from {from_} through {carrier_name}; once answered it fetches {webhook}")
     try:
-        placed = asyncio.run(carrier.dial(to, from_, webhook))
+        placed = asyncio.run(carrier.dial(to, from_, webhook, status_url_for(webhook)))
     except CarrierError as exc:
         print(f"bargein dial: {exc}", file=sys.stderr)
         return 1

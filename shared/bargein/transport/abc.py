@@ -281,6 +281,34 @@ class StateStore(ABC):
     async def forget_worker(self, tier: Tier, owner: str) -> None:
         """``owner`` is gone for good (drained, or its sessions taken over): drop its records."""
 
+    # --- whether a session's caller is still there: a call that ends without a hang-up ends too ---
+
+    @abstractmethod
+    async def expect_callers(self, deadlines: Mapping[str, float]) -> None:
+        """Each session of ``deadlines`` (session -> wall-clock time) is over at that time unless a
+        caller is seen before: :meth:`callers_gone` then hands it out. A deadline only ever moves
+        later (an edge that still has the caller outbids one whose caller left)."""
+
+    @abstractmethod
+    async def callers_gone(self, now: float, limit: int = 100) -> list[str]:
+        """Take the sessions whose deadline is ``now`` or earlier, at most ``limit``: each goes to
+        exactly one caller of this method, which ends it."""
+
+    @abstractmethod
+    async def caller_deadline(self, session: str) -> float | None:
+        """When ``session`` is over unless a caller is seen (None: no edge tracks its callers)."""
+
+    @abstractmethod
+    async def forget_callers(self, session: str) -> None:
+        """The session ended: nothing more to wait for."""
+
+    @abstractmethod
+    async def note_call(self, carrier: str, call_id: str, session: str, ttl_ms: int) -> None:
+        """Phone call ``call_id`` of ``carrier`` is answered by ``session`` (for ``ttl_ms``)."""
+
+    @abstractmethod
+    async def session_of_call(self, carrier: str, call_id: str) -> str | None: ...
+
     @abstractmethod
     async def close(self) -> None: ...
 

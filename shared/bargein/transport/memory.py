@@ -20,7 +20,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -499,6 +499,8 @@ class MemoryStateStore(StateStore):
         self._workers: dict[str, set[str]] = {}
         self._alive: set[tuple[str, str]] = set()  # in one process a heartbeat lasts until stopped
         self._owned: dict[tuple[str, str], set[str]] = {}
+        self._callers: dict[str, float] = {}  # session -> deadline (wall clock)
+        self._calls: dict[tuple[str, str], tuple[str, float]] = {}  # (carrier, call) -> session, expiry
 
     async def acquire_lease(
         self, tier: Tier, session: str, owner: str, ttl_ms: int, *, replacing: str | None = None
@@ -606,13 +608,47 @@ class MemoryStateStore(StateStore):
         self._alive.discard((tier, owner))
         self._owned.pop((tier, owner), None)
 
+    async def expect_callers(self, deadlines: Mapping[str, float]) -> None:
+        for session, deadline in deadlines.items():
+            self._callers[session] = max(deadline, self._callers.get(session, deadline))
+
+    async def callers_gone(self, now: float, limit: int = 100) -> list[str]:
+        due = [s for s, deadline in self._callers.items() if deadline <= now][: max(limit, 0)]
+        for session in due:
+            del self._callers[session]
+        return due
+
+    async def caller_deadline(self, session: str) -> float | None:
+        return self._callers.get(session)
+
+    async def forget_callers(self, session: str) -> None:
+        self._callers.pop(session, None)
+
+    async def note_call(self, carrier: str, call_id: str, session: str, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            raise ValueError(f"ttl_ms must be positive, got {ttl_ms}")
+        self._calls[(carrier, call_id)] = (session, time.monotonic() + ttl_ms / 1000)
+
+    async def session_of_call(self, carrier: str, call_id: str) -> str | None:
+        session, expires = self._calls.get((carrier, call_id), (None, 0.0))
+        return session if expires > time.monotonic() else None
+
     def expire_lease(self, tier: Tier, session: str) -> None:
         """Test hook: the owner died and its lease ran out."""
         self._leases.pop((tier, session), None)
 
     def lose_everything(self) -> None:
         """Test hook: the store restarted empty (Redis without persistence)."""
-        for records in (self._leases, self._epochs, self._state, self._logs, self._directory, self._owned):
+        for records in (
+            self._leases,
+            self._epochs,
+            self._state,
+            self._logs,
+            self._directory,
+            self._owned,
+            self._callers,
+            self._calls,
+        ):
             records.clear()
 
     async def close(self) -> None:

@@ -53,6 +53,8 @@ from bargein.transport.abc import NO_LOG_CHANGE, Heartbeat, LogChange, Renewal, 
 from bargein.transport.redis_address import async_client, sync_client
 from bargein.wire.names import (
     Tier,
+    call_key,
+    caller_deadlines_key,
     epoch_key,
     lease_key,
     owned_key,
@@ -80,6 +82,15 @@ local function extend(key, ttl)
     redis.call('PEXPIRE', key, ttl)
   end
 end
+"""
+
+# KEYS: the caller deadlines. ARGV: now, limit. Pops the sessions due (atomically: each to one asker).
+_CALLERS_GONE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+if #due > 0 then
+  redis.call('ZREM', KEYS[1], unpack(due))
+end
+return due
 """
 
 # KEYS: lease, epoch. ARGV: owner, lease ttl ms, epoch ttl ms (0: none), the dead owner whose lease
@@ -206,6 +217,7 @@ class RedisStateStore(StateStore):
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._save = client.register_script(_SAVE)
+        self._callers_gone = client.register_script(_CALLERS_GONE)
 
     @classmethod
     def from_url(
@@ -392,6 +404,33 @@ class RedisStateStore(StateStore):
             pipe.hdel(workers_key(tier), owner)
             pipe.delete(owned_key(tier, owner), worker_alive_key(tier, owner))
             await pipe.execute()
+
+    # --- callers -----------------------------------------------------------------------------------
+
+    async def expect_callers(self, deadlines: Mapping[str, float]) -> None:
+        if deadlines:  # GT: a deadline only moves later; new sessions are added all the same
+            await self._redis.zadd(caller_deadlines_key(), dict(deadlines), gt=True)
+
+    async def callers_gone(self, now: float, limit: int = 100) -> list[str]:
+        if limit <= 0:
+            return []
+        due = await self._callers_gone(keys=[caller_deadlines_key()], args=[repr(now), limit])
+        return [_as_bytes(session).decode() for session in due]
+
+    async def caller_deadline(self, session: str) -> float | None:
+        score = await self._redis.zscore(caller_deadlines_key(), session)
+        return None if score is None else float(score)
+
+    async def forget_callers(self, session: str) -> None:
+        await self._redis.zrem(caller_deadlines_key(), session)
+
+    async def note_call(self, carrier: str, call_id: str, session: str, ttl_ms: int) -> None:
+        _check_ttl(ttl_ms)
+        await self._redis.set(call_key(carrier, call_id), session, px=ttl_ms)
+
+    async def session_of_call(self, carrier: str, call_id: str) -> str | None:
+        session = await self._redis.get(call_key(carrier, call_id))
+        return None if session is None else _as_bytes(session).decode()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -23,7 +23,7 @@ import espeakng_loader
 import numpy as np
 
 from bargein.errors import SettingsError
-from bargein.voice.speech import Speech, WordTiming, to_pcm16
+from bargein.voice.speech import Speech, WordTiming, complete_words, to_pcm16
 
 log = logging.getLogger("bargein.voice.espeak")
 
@@ -135,7 +135,8 @@ def _speak(text: str, voice: str, rate: int) -> Speech:
         for start, length, sample in found
         if 0 <= start < len(text)
     )
-    return Speech(to_pcm16(audio, library.rate), words)
+    pcm = to_pcm16(audio, library.rate)
+    return Speech(pcm, complete_words(text, words, len(pcm) // 2))
 
 
 class EspeakSynthesizer:

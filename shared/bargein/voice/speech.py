@@ -64,3 +64,41 @@ def estimate_words(text: str, samples: int) -> tuple[WordTiming, ...]:
         out.append(WordTiming(word.start(), word.end(), round(at * samples / total)))
         at += weight
     return tuple(out)
+
+
+def complete_words(text: str, found: tuple[WordTiming, ...], samples: int) -> tuple[WordTiming, ...]:
+    """Every word of ``text`` with a timing, so that every word gets its mark (docs/protocol.md):
+    the engine's timings where it gave one, and each word it skipped placed between its timed
+    neighbours by length, as :func:`estimate_words` does for a whole phrase. eSpeak NG reports no
+    word event for many an unstressed "the" or "a": it says them run into the next word."""
+    words = list(_WORD.finditer(text))
+    timed = [any(w.start() <= t.start < w.end() for t in found) for w in words]
+    if all(timed):
+        return found
+    anchors = {
+        i: next(t.sample for t in found if w.start() <= t.start < w.end())
+        for i, w in enumerate(words)
+        if timed[i]
+    }
+    placed: list[WordTiming] = []
+    previous: int | None = None  # the last timed word before the run being placed
+    i = 0
+    while i < len(words):
+        if timed[i]:
+            previous, i = i, i + 1
+            continue
+        run_end = i
+        while run_end < len(words) and not timed[run_end]:
+            run_end += 1
+        start = anchors[previous] if previous is not None else 0
+        end = anchors[run_end] if run_end < len(words) else samples
+        members = ([previous] if previous is not None else []) + list(range(i, run_end))
+        weights = [len(words[m].group()) + 1 for m in members]
+        total, at = sum(weights), 0
+        for member, weight in zip(members, weights, strict=True):
+            if member != previous:
+                sample = start + round(max(end - start, 0) * at / total)
+                placed.append(WordTiming(words[member].start(), words[member].end(), sample))
+            at += weight
+        i = run_end
+    return tuple(sorted((*found, *placed), key=lambda t: (t.start, t.sample)))

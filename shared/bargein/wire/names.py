@@ -168,3 +168,17 @@ def workers_key(tier: Tier) -> str:
 def owned_key(tier: Tier, owner: str) -> str:
     """Set of the sessions a worker owns: what the others take over when it dies."""
     return f"{KEY_PREFIX}:owned:{tier}:{owner}"
+
+
+# --- whether a session's caller is still there (sessions that outlive their calls end) -------------
+
+
+def caller_deadlines_key() -> str:
+    """Sorted set session -> the wall-clock time it ends unless a caller is seen before (one key,
+    global like the directory: any edge ends a session whose caller left through another)."""
+    return f"{KEY_PREFIX}:callers"
+
+
+def call_key(carrier: str, call_id: str) -> str:
+    """A carrier's call id -> the session that answers it (its status callbacks name only the call)."""
+    return f"{KEY_PREFIX}:call:{carrier}:{call_id}"

@@ -26,18 +26,23 @@ class CarrierError(ValueError):
     """A message or request the carrier's protocol does not allow (counted, never fatal)."""
 
 
+LINE_CODECS = ("PCMU", "PCMA")  # what a stream may carry to us: G.711 μ-law or A-law, 8 kHz
+
+
 @dataclass(frozen=True)
 class StreamStarted:
-    """The stream is up: ``parameters`` carry what our webhook put in (session and token)."""
+    """The stream is up: ``parameters`` carry what our webhook put in (session and token);
+    ``encoding`` is the caller's audio's codec (one of :data:`LINE_CODECS`)."""
 
     stream_id: str
     call_id: str
     parameters: Mapping[str, str] = field(default_factory=dict)
+    encoding: str = "PCMU"
 
 
 @dataclass(frozen=True)
 class CallerAudio:
-    ulaw: bytes  # G.711 μ-law, 8 kHz, mono
+    payload: bytes  # G.711 at 8 kHz, mono, in the stream's encoding (StreamStarted.encoding)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,14 @@ class Ignored:
     """A message with nothing for us (``connected``, the other track's media, ...)."""
 
     event: str
+
+
+@dataclass(frozen=True)
+class CallEnded:
+    """A status callback says call ``call_id`` is over (``why``: the carrier's words, for the log)."""
+
+    call_id: str
+    why: str
 
 
 CarrierEvent = StreamStarted | CallerAudio | KeyPressed | MarkPlayed | StreamStopped | Ignored
@@ -103,9 +116,19 @@ class Carrier(abc.ABC):
         """Raise :class:`CarrierError` unless the request is signed by the carrier."""
 
     @abc.abstractmethod
-    def answer(self, media_url: str, session_id: str, token: str) -> tuple[str, str]:
+    def answer(self, media_url: str, status_url: str, session_id: str, token: str) -> tuple[str, str]:
         """The webhook's reply (body, content type) that connects the call's audio, both ways, to
-        ``media_url`` with the session and its caller token."""
+        ``media_url``, handing the stream the session and its caller token (as parameters of its
+        ``start``, never in a URL a proxy logs), and asking for the stream's status at ``status_url``."""
+
+    def call_id(self, request: Webhook) -> str | None:
+        """The call a voice webhook answers (its status callbacks name it)."""
+        return request.form.get("CallSid") or None
+
+    @abc.abstractmethod
+    def call_ended(self, request: Webhook) -> CallEnded | None:
+        """What a (verified) status callback says: the call is over, or None (it goes on: ringing,
+        answered, the stream started). :class:`CarrierError` for one that names no call."""
 
     @abc.abstractmethod
     def parse(self, text: str) -> CarrierEvent:
@@ -128,5 +151,6 @@ class Carrier(abc.ABC):
         """Move call ``call_id`` to number ``to`` (the agent's ``TransferCall``), by the REST API."""
 
     @abc.abstractmethod
-    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
-        """Place a call through the carrier's REST API; it fetches ``webhook_url`` once answered."""
+    async def dial(self, to: str, from_: str, webhook_url: str, status_url: str | None = None) -> Dialled:
+        """Place a call through the carrier's REST API; it fetches ``webhook_url`` once answered and
+        tells ``status_url`` when the call ends (also when it was never answered)."""

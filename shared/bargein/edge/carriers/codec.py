@@ -1,6 +1,8 @@
-"""A phone line's audio: G.711 μ-law at 8 kHz on the line, PCM16 at 16 kHz inside bargein.
+"""A phone line's audio: G.711 at 8 kHz on the line, PCM16 at 16 kHz inside bargein.
 
-The μ-law codec is ``audioop``'s: the standard library's up to Python 3.12, and the maintained
+What we send is always μ-law (PCMU: every carrier's bidirectional default); what the caller's
+side sends is μ-law or, on a Telnyx call it could not transcode, A-law (PCMA, the European G.711).
+The G.711 codecs are ``audioop``'s: the standard library's up to Python 3.12, and the maintained
 ``audioop-lts`` package (the same module, same C code) from 3.13, where the standard library
 dropped it. Resampling is soxr's, streaming, so that each direction keeps its filter's state from
 one 20 ms frame to the next (no click at every frame edge).
@@ -25,16 +27,19 @@ LINE_FRAME_BYTES = LINE_RATE * LINE_FRAME_MS // 1000  # μ-law: one byte a sampl
 
 
 class LineAudio:
-    """One call's conversions, in both directions."""
+    """One call's conversions, in both directions (``encoding``: the caller's, PCMU or PCMA)."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoding: str = "PCMU") -> None:
+        if encoding not in ("PCMU", "PCMA"):
+            raise ValueError(f"not a G.711 encoding: {encoding!r}")
+        self._decode = audioop.alaw2lin if encoding == "PCMA" else audioop.ulaw2lin
         self._up = soxr.ResampleStream(LINE_RATE, SAMPLE_RATE, 1, dtype="int16")
         self._down = soxr.ResampleStream(SAMPLE_RATE, LINE_RATE, 1, dtype="int16")
         self._pending = b""  # line audio not yet a whole frame
 
-    def from_line(self, ulaw: bytes) -> bytes:
-        """The caller's μ-law at 8 kHz → PCM16 at 16 kHz, for the speech tier."""
-        linear = np.frombuffer(audioop.ulaw2lin(ulaw, 2), dtype="<i2")
+    def from_line(self, g711: bytes) -> bytes:
+        """The caller's G.711 at 8 kHz → PCM16 at 16 kHz, for the speech tier."""
+        linear = np.frombuffer(self._decode(g711, 2), dtype="<i2")
         return np.asarray(self._up.resample_chunk(linear), dtype="<i2").tobytes()
 
     def to_line(self, pcm: bytes) -> list[bytes]:
@@ -61,3 +66,8 @@ def encode_ulaw(pcm8k: bytes) -> bytes:
 def decode_ulaw(ulaw: bytes) -> bytes:
     """μ-law → PCM16 at the same rate."""
     return audioop.ulaw2lin(ulaw, 2)
+
+
+def encode_alaw(pcm8k: bytes) -> bytes:
+    """PCM16 at 8 kHz → A-law (for a carrier simulator's fixtures)."""
+    return audioop.lin2alaw(pcm8k, 2)

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from bargein.edge.carriers.abc import (
+    CallEnded,
     CallerAudio,
     CarrierError,
     CarrierEvent,
@@ -15,7 +16,13 @@ from bargein.edge.carriers.abc import (
     KeyPressed,
     MarkPlayed,
     StreamStopped,
+    Webhook,
 )
+
+# a status callback's CallStatus once the call is over, answered or not (TwiML's, which TeXML keeps)
+CALL_OVER = frozenset({"completed", "busy", "failed", "no-answer", "canceled"})
+# a <Stream statusCallback>'s StreamEvent once the stream is gone, or never came up
+STREAM_OVER = frozenset({"stream-stopped", "stream-error", "stream-failed"})
 
 
 def message_of(text: str) -> dict[str, Any]:
@@ -65,4 +72,27 @@ def shared_event(message: dict[str, Any]) -> CarrierEvent | None:
         return KeyPressed(text_of(object_of(message.get("dtmf"), "dtmf").get("digit"), "dtmf.digit"))
     if event == "stop":
         return StreamStopped()
+    return None
+
+
+def parameters_of(value: Any, what: str) -> dict[str, str]:
+    """A stream's custom parameters: an object of names to values, or a list of ``{name, value}``."""
+    if isinstance(value, list):
+        pairs = [object_of(item, what) for item in value]
+        return {str(p.get("name")): str(p.get("value")) for p in pairs if p.get("name") is not None}
+    return {str(k): str(v) for k, v in object_of(value, what).items()}
+
+
+def form_status(request: Webhook) -> CallEnded | None:
+    """A TwiML-style status callback (form fields ``CallSid`` and ``CallStatus``, or a stream's
+    ``StreamEvent``): the call is over, or None."""
+    call = request.form.get("CallSid")
+    if not call:
+        raise CarrierError("a status callback without CallSid")
+    status, stream = request.form.get("CallStatus", ""), request.form.get("StreamEvent", "")
+    if status in CALL_OVER:
+        return CallEnded(call, f"the carrier says the call is {status}")
+    if stream in STREAM_OVER:
+        error = request.form.get("StreamError", "")
+        return CallEnded(call, f"the carrier says {stream}{': ' + error if error else ''}")
     return None

@@ -4,8 +4,13 @@ it is the second carrier:
 
 * messages are snake case (``stream_id``, ``sequence_number``, ``call_control_id``), and messages
   to Telnyx name no stream;
-* ``<Stream>`` takes no custom parameters we rely on: the session and its token ride in the
-  stream URL's query;
+* ``<Stream codec="PCMU">`` asks Telnyx to hand us μ-law whatever the call's codec; it can
+  transcode only between PCMU and PCMA, so a ``start`` may still announce PCMA (taken, and
+  decoded as A-law) or another codec (G.722, Opus, AMR-WB: refused, with the reason logged);
+* the session and its token go in as ``<Parameter>`` children, which Telnyx hands back in
+  ``start.custom_parameters`` (never in the stream URL, where proxies log it);
+* status callbacks come as TeXML's form posts (``CallStatus``, ``StreamEvent``, as Twilio's) or,
+  from a Call Control application, as JSON events (``call.hangup``), signed the same way;
 * webhooks are signed with Ed25519 (``telnyx-signature-ed25519`` over ``<telnyx-timestamp>|<body>``,
   checked with the account's public key, and refused when older than
   ``BARGEIN_PHONE_SIGNATURE_MAX_AGE_S``), not an HMAC of the URL;
@@ -18,7 +23,6 @@ import base64
 import binascii
 import json
 import time
-from urllib.parse import urlencode
 from xml.sax.saxutils import quoteattr
 
 import httpx
@@ -26,8 +30,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from bargein.edge.carriers.abc import (
+    LINE_CODECS,
     SESSION_PARAMETER,
     TOKEN_PARAMETER,
+    CallEnded,
     Carrier,
     CarrierError,
     CarrierEvent,
@@ -36,9 +42,19 @@ from bargein.edge.carriers.abc import (
     StreamStarted,
     Webhook,
 )
-from bargein.edge.carriers.reading import media_message, message_of, object_of, shared_event, text_of
+from bargein.edge.carriers.reading import (
+    form_status,
+    media_message,
+    message_of,
+    object_of,
+    parameters_of,
+    shared_event,
+    text_of,
+)
 
 DIAL_TIMEOUT_S = 15.0
+# Call Control's JSON events that mean the call, or its stream, is over
+EVENTS_OVER = frozenset({"call.hangup", "streaming.failed", "streaming.stopped"})
 
 
 class Telnyx(Carrier):
@@ -66,14 +82,35 @@ class Telnyx(Carrier):
         except (InvalidSignature, binascii.Error):
             raise CarrierError("telnyx-signature-ed25519 does not match (a forged request?)") from None
 
-    def answer(self, media_url: str, session_id: str, token: str) -> tuple[str, str]:
-        url = f"{media_url}?{urlencode({SESSION_PARAMETER: session_id, TOKEN_PARAMETER: token})}"
+    def answer(self, media_url: str, status_url: str, session_id: str, token: str) -> tuple[str, str]:
+        parameters = "".join(
+            f"<Parameter name={quoteattr(name)} value={quoteattr(value)} />"
+            for name, value in ((SESSION_PARAMETER, session_id), (TOKEN_PARAMETER, token))
+        )
         body = (
             '<?xml version="1.0" encoding="UTF-8"?><Response><Connect>'
-            f'<Stream url={quoteattr(url)} bidirectionalMode="rtp" bidirectionalCodec="PCMU" />'
-            "</Connect></Response>"
+            f'<Stream url={quoteattr(media_url)} codec="PCMU" bidirectionalMode="rtp" '
+            f'bidirectionalCodec="PCMU" statusCallback={quoteattr(status_url)} statusCallbackMethod="POST">'
+            f"{parameters}</Stream></Connect></Response>"
         )
         return body, "text/xml"
+
+    def call_id(self, request: Webhook) -> str | None:
+        return request.form.get("CallSid") or request.form.get("CallControlId") or None
+
+    def call_ended(self, request: Webhook) -> CallEnded | None:
+        if not request.body.lstrip().startswith(b"{"):
+            return form_status(request)  # a TeXML application's status callback
+        data = object_of(message_of(request.body.decode("utf-8", "replace")).get("data"), "data")
+        payload = object_of(data.get("payload", {}), "data.payload")
+        call = payload.get("call_control_id") or payload.get("call_sid")
+        if not isinstance(call, str) or not call:
+            raise CarrierError("a Telnyx event without data.payload.call_control_id")
+        event = data.get("event_type")
+        if event not in EVENTS_OVER:
+            return None
+        cause = payload.get("hangup_cause") or payload.get("failure_reason") or ""
+        return CallEnded(call, f"Telnyx says {event}{': ' + str(cause) if cause else ''}")
 
     def parse(self, text: str) -> CarrierEvent:
         message = message_of(text)
@@ -84,11 +121,16 @@ class Telnyx(Carrier):
         if event == "start":
             start = object_of(message.get("start"), "start")
             encoding = object_of(start.get("media_format", {}), "start.media_format").get("encoding", "PCMU")
-            if encoding != "PCMU":
-                raise CarrierError(f"the stream is {encoding}; bargein speaks PCMU (μ-law)")
+            if encoding not in LINE_CODECS:
+                raise CarrierError(
+                    f"the stream is {encoding}, which Telnyx could not transcode to PCMU; "
+                    f"bargein takes {' or '.join(LINE_CODECS)} (set the number's codecs to G.711)"
+                )
             return StreamStarted(
                 stream_id=text_of(message.get("stream_id"), "stream_id"),
                 call_id=text_of(start.get("call_control_id"), "start.call_control_id"),
+                parameters=parameters_of(start.get("custom_parameters", {}), "start.custom_parameters"),
+                encoding=encoding,
             )
         if event in ("connected", "error"):
             return Ignored(str(event))
@@ -121,11 +163,13 @@ class Telnyx(Carrier):
         """Call Control's ``transfer`` action on the stream's ``call_control_id``."""
         await self._post(f"/v2/calls/{call_id}/actions/transfer", {"to": to}, "transfer calls")
 
-    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+    async def dial(self, to: str, from_: str, webhook_url: str, status_url: str | None = None) -> Dialled:
         connection = self.settings.telnyx_connection_id
         if not connection:
             raise CarrierError("set BARGEIN_TELNYX_CONNECTION_ID (the TeXML application) to place calls")
         call = {"To": to, "From": from_, "Url": webhook_url, "UrlMethod": "POST"}
+        if status_url:
+            call |= {"StatusCallback": status_url, "StatusCallbackMethod": "POST"}
         reply = (await self._post(f"/v2/texml/calls/{connection}", call, "place calls")).json()
         data = reply.get("data", reply) if isinstance(reply, dict) else {}
         return Dialled(

@@ -24,6 +24,7 @@ from twilio.twiml.voice_response import Connect, VoiceResponse
 from bargein.edge.carriers.abc import (
     SESSION_PARAMETER,
     TOKEN_PARAMETER,
+    CallEnded,
     Carrier,
     CarrierError,
     CarrierEvent,
@@ -32,7 +33,15 @@ from bargein.edge.carriers.abc import (
     StreamStarted,
     Webhook,
 )
-from bargein.edge.carriers.reading import media_message, message_of, object_of, shared_event, text_of
+from bargein.edge.carriers.reading import (
+    form_status,
+    media_message,
+    message_of,
+    object_of,
+    parameters_of,
+    shared_event,
+    text_of,
+)
 
 
 class Twilio(Carrier):
@@ -52,10 +61,10 @@ class Twilio(Carrier):
                 "X-Twilio-Signature does not match (a forged request, or the wrong auth token)"
             )
 
-    def answer(self, media_url: str, session_id: str, token: str) -> tuple[str, str]:
+    def answer(self, media_url: str, status_url: str, session_id: str, token: str) -> tuple[str, str]:
         response = VoiceResponse()
         connect = Connect()
-        stream = connect.stream(url=media_url)
+        stream = connect.stream(url=media_url, status_callback=status_url, status_callback_method="POST")
         stream.parameter(name=SESSION_PARAMETER, value=session_id)
         stream.parameter(name=TOKEN_PARAMETER, value=token)
         response.append(connect)
@@ -69,15 +78,19 @@ class Twilio(Carrier):
         event = message.get("event")
         if event == "start":
             start = object_of(message.get("start"), "start")
-            parameters = object_of(start.get("customParameters", {}), "start.customParameters")
             return StreamStarted(
                 stream_id=text_of(start.get("streamSid") or message.get("streamSid"), "start.streamSid"),
                 call_id=text_of(start.get("callSid"), "start.callSid"),
-                parameters={str(k): str(v) for k, v in parameters.items()},
+                parameters=parameters_of(start.get("customParameters", {}), "start.customParameters"),
             )
         if event == "connected":
             return Ignored("connected")
         raise CarrierError(f"unknown event {event!r}")
+
+    def call_ended(self, request: Webhook) -> CallEnded | None:
+        """The call's ``statusCallback`` (set on the number, or by ``bargein dial``) and the
+        stream's (set by :meth:`answer`)."""
+        return form_status(request)
 
     def media(self, stream_id: str, ulaw: bytes) -> str:
         return media_message(ulaw, streamSid=stream_id)
@@ -106,11 +119,12 @@ class Twilio(Carrier):
         except TwilioException as exc:
             raise CarrierError(f"Twilio refused the transfer: {exc}") from exc
 
-    async def dial(self, to: str, from_: str, webhook_url: str) -> Dialled:
+    async def dial(self, to: str, from_: str, webhook_url: str, status_url: str | None = None) -> Dialled:
         client = self._client("place calls")
+        status = {"status_callback": status_url, "status_callback_method": "POST"} if status_url else {}
 
         def place() -> Dialled:
-            call = client.calls.create(to=to, from_=from_, url=webhook_url, method="POST")
+            call = client.calls.create(to=to, from_=from_, url=webhook_url, method="POST", **status)
             return Dialled(call_id=str(call.sid), status=str(call.status))
 
         try:
