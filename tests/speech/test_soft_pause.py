@@ -66,7 +66,42 @@ def test_a_held_burst_with_no_words_is_dismissed_and_one_with_a_backchannel_ends
     events = timeline(uh_huh, [LO] * 3 + [HI] * n(400))
     assert uh_huh.judged("uh-huh", uh_huh.burst) == []  # a backchannel: still held
     events += timeline(uh_huh, [LO] * n(600))
-    assert [name for name, _ in events] == ["UserSpeechOnset", "UserBackchannel"]
+    # its words reach its end: the agent goes on once it is quiet, before the burst is over
+    assert [name for name, _ in events] == ["UserSpeechOnset", "UserOnsetDismissed", "UserBackchannel"]
+    assert uh_huh.emissions[1].event == UserOnsetDismissed(outcome="backchannel")
+
+
+def test_a_backchannel_heard_lets_the_agent_go_on_soon_after_it_ends_not_after_the_burst() -> None:
+    # the finding: the voice stayed paused until the burst ended (min_silence_ms) and its
+    # last transcription came: 1.3-1.9 s of dead air per "uh-huh"
+    policy = policy_for(judges=True, soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500)
+    events = timeline(policy, [LO] * 3 + [HI] * n(448))
+    spoken_end = policy.at_ms
+    events += timeline(policy, [LO] * n(96))
+    assert policy.held_quiet  # quiet, and no words yet that reach the quiet: transcribe it now
+    assert policy.judged("Uh-huh.", policy.burst, upto_ms=spoken_end - W) == []  # not all of it yet
+    events += timeline(policy, [LO] * 2)
+    assert [name for name, _ in events] == ["UserSpeechOnset"]  # still paused: its end not heard
+    released = policy.judged("Uh-huh.", policy.burst)
+    assert [e.event for e in released] == [UserOnsetDismissed(outcome="backchannel")]
+    assert released[0].at_ms - spoken_end < 500  # before the burst would end (min_silence_ms)
+    events += timeline(policy, [LO] * n(600))
+    assert [name for name, _ in events][-1] == "UserBackchannel"
+
+
+def test_a_held_burst_whose_words_are_not_backchannels_keeps_the_agent_paused_through_its_gaps() -> None:
+    # "wait, ... stop" with interrupt_words 2: "wait" alone does not cut, but must not resume either
+    policy = policy_for(
+        judges=True, soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500, interrupt_words=2
+    )
+    events = timeline(policy, [LO] * 3 + [HI] * n(320) + [LO] * n(64))
+    assert policy.judged("Wait,", policy.burst) == []
+    events += timeline(policy, [LO] * n(288))  # a gap of 352 ms, longer than SOFT_RELEASE_MS
+    assert "UserOnsetDismissed" not in [name for name, _ in events]
+    events += timeline(policy, [HI] * n(320))
+    barge = policy.judged("Wait, stop.", policy.burst)
+    assert [e.event.type_name() for e in barge] == ["UserStartedSpeaking"]
+    assert [name for name, _ in events] == ["UserSpeechOnset"]  # one pause, never resumed
 
 
 def test_no_pause_when_the_agent_is_silent_or_the_soft_barge_in_is_off() -> None:

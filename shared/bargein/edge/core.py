@@ -628,10 +628,15 @@ class Edge:
         await self._track(session_id)
 
     async def known(self, session_id: str) -> bool:
-        return (
-            session_id in self.sessions
-            or await self.store.session_info(TIER_REASONING, session_id) is not None
-        )
+        """Whether a socket may join ``session_id`` here. A session that ended after its caller had
+        joined is unknown at once, not only once this edge has forgotten it (``_end`` tidies up for a
+        moment after the other tiers): its caller coming back is told ``unknown_session`` whichever
+        edge it reaches. One that ended before any caller joined (a rejected call) stays known, so
+        its caller hears why."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return not (session.ended and session.joined_once)
+        return await self.store.session_info(TIER_REASONING, session_id) is not None
 
     async def join(
         self, session_id: str, wire: Wire, role: Role, reports_played: bool, audio: str | None = None

@@ -415,20 +415,32 @@ class SpeechSession(SessionProcessor):
         judged = 0
         try:
             while policy.state is State.HELD and policy.burst == burst and not self.closed:
-                if len(self._turn_audio) < judged + REJUDGE_WINDOWS:
-                    await asyncio.sleep(REJUDGE_WINDOWS * WINDOW_MS / 1000)
+                # more audio to judge, or the burst went quiet since the last judgement: its words
+                # up to the quiet may let the agent go on now ("uh-huh", TurnPolicy.judged)
+                if len(self._turn_audio) < judged + REJUDGE_WINDOWS and not (
+                    policy.held_quiet and len(self._turn_audio) > judged
+                ):
+                    await asyncio.sleep(
+                        WINDOW_MS / 1000 if policy.held_quiet else REJUDGE_WINDOWS * WINDOW_MS / 1000
+                    )
                     continue
-                judged = len(self._turn_audio)
+                judged, upto_ms = len(self._turn_audio), policy.at_ms
                 text, failed = await self._words(b"".join(self._turn_audio))
                 self.counters["judgements"] += 1
-                self._judged(text, failed, burst)
+                self._judged(text, failed, burst, upto_ms=upto_ms)
         finally:
             self._judging = False
 
-    def _judged(self, text: str | None, failed: bool, burst: int, *, final: bool = False) -> None:
-        """Tell the policy what the engine made of held burst ``burst``, and publish its verdict."""
+    def _judged(
+        self, text: str | None, failed: bool, burst: int, *, final: bool = False, upto_ms: float | None = None
+    ) -> None:
+        """Tell the policy what the engine made of held burst ``burst`` (of its audio up to
+        ``upto_ms``), and publish its verdict."""
         policy = self.policy
-        self._emit(policy.judge_failed(burst) if failed else policy.judged(text, burst, final=final))
+        if failed:
+            self._emit(policy.judge_failed(burst))
+        else:
+            self._emit(policy.judged(text, burst, final=final, upto_ms=upto_ms))
 
     def _track_audio(self, before: State, after: State) -> None:
         """Keep the current burst's audio (plus a little pre-roll) for the transcriber."""

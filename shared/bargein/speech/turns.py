@@ -34,7 +34,11 @@ The rules, with the :class:`~bargein.settings.SpeechSettings` fields (overridabl
   :class:`UserOnsetDismissed` (or :class:`UserBackchannel` for words), and the audio resumes; a
   burst still too short to be a barge-in (a click, a cough) lets it go on after
   ``SOFT_RELEASE_MS`` of quiet, without waiting for ``min_silence_ms`` (it pauses it again if the
-  voice comes back).
+  voice comes back). So does a held burst once it is that quiet and its words, judged up to its
+  quiet, are only backchannels ("uh-huh": :meth:`TurnPolicy.judged` is given how far they reach):
+  the agent goes on at once instead of after the burst's end and its last transcription, and the
+  words of the rest can still cut it off. A held burst whose words so far are not backchannels
+  ("wait, ...") keeps the agent paused through its gaps.
 * When a burst that emitted :class:`UserStartedSpeaking` ends, the policy emits
   :class:`UserStoppedSpeaking`, except when the burst lasted at most
   ``false_interruption_timeout_ms`` and no transcript arrived for it: then it emits
@@ -195,6 +199,7 @@ class TurnPolicy:
     _transcribed: bool = False
     burst: int = 0  # numbers the bursts, so a judgement that comes back late applies to its own
     _heard: str | None = None  # the latest words judged of a held burst
+    _heard_upto_ms: float = -1.0  # ... of its audio up to then
     _cut_agent: bool = False  # this burst's UserStartedSpeaking came while the agent spoke
     _paused: bool = False  # this burst emitted UserSpeechOnset (the agent's audio is paused)
     judge: TurnEndJudge = field(init=False)
@@ -317,6 +322,7 @@ class TurnPolicy:
             self._silence_start_ms = None
             self._transcribed = False
             self._heard = None
+            self._heard_upto_ms = -1.0
             self._cut_agent = False
             self._paused = False
             self.burst += 1
@@ -344,6 +350,8 @@ class TurnPolicy:
         if self._releases(end_ms):  # a click, a cough: the agent goes on without waiting for the end
             self._paused = False
             out.append(self._emit(UserOnsetDismissed(outcome="short"), end_ms, self._silence_start_ms))
+        elif self._releases_held(end_ms):  # "uh-huh", heard: the agent goes on before the burst ends
+            out.append(self._release_held(end_ms))
         if end_ms - self._silence_start_ms >= self._ending_silence_ms():
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
@@ -369,6 +377,34 @@ class TurnPolicy:
             and end_ms - self._silence_start_ms >= SOFT_RELEASE_MS
         )
 
+    def _releases_held(self, end_ms: float) -> bool:
+        """Whether a held burst that paused the agent has been quiet ``SOFT_RELEASE_MS`` and its
+        words, judged up to the quiet, are only backchannels: the agent goes on now."""
+        return (
+            self._paused
+            and self.state is State.HELD
+            and self._silence_start_ms is not None
+            and end_ms - self._silence_start_ms >= SOFT_RELEASE_MS
+            and self._heard_upto_ms >= self._silence_start_ms
+            and not content_words(self._heard, self.config.backchannels)
+        )
+
+    def _release_held(self, end_ms: float) -> Emission:
+        self._paused = False
+        dismissed = UserOnsetDismissed(outcome="backchannel")
+        return self._emit(dismissed, end_ms, self._silence_start_ms)
+
+    @property
+    def held_quiet(self) -> bool:
+        """A held burst that paused the agent has gone quiet and waits for words that reach the
+        quiet (the service transcribes it again at once, not when more audio has come)."""
+        return (
+            self._paused
+            and self.state is State.HELD
+            and self._silence_start_ms is not None
+            and self._heard_upto_ms < self._silence_start_ms
+        )
+
     def holds(self) -> bool:
         """Whether a burst reaching ``min_interruption_ms`` now waits for its words."""
         return self.judges and self.agent_speaking and self.config.interrupt_words > 0
@@ -378,19 +414,24 @@ class TurnPolicy:
         """The end of the last window fed."""
         return self.windows * self.window_ms
 
-    def judged(self, text: str | None, burst: int, *, final: bool = False) -> list[Emission]:
-        """The words of held burst ``burst`` so far (``final``: of all of it, as it ends). A
-        barge-in once they hold ``interrupt_words`` words besides backchannels; otherwise the burst
-        stays held. At its end, if the agent has stopped speaking meanwhile, any words are the
-        caller's turn (a "yes" that answers the question the agent was finishing)."""
+    def judged(
+        self, text: str | None, burst: int, *, final: bool = False, upto_ms: float | None = None
+    ) -> list[Emission]:
+        """The words of held burst ``burst`` so far (``final``: of all of it, as it ends; ``upto_ms``:
+        of its audio up to then, by default up to now). A barge-in once they hold
+        ``interrupt_words`` words besides backchannels; otherwise the burst stays held, and if it
+        has gone quiet and they reach the quiet, the agent goes on (:meth:`_releases_held`). At its
+        end, if the agent has stopped speaking meanwhile, any words are the caller's turn (a "yes"
+        that answers the question the agent was finishing)."""
         if burst != self.burst or self.state is not State.HELD:
             return []  # a late answer about a burst already decided
         self._heard = text
+        self._heard_upto_ms = self.at_ms if upto_ms is None else upto_ms
         answers = final and not self.agent_speaking and bool(spoken_words(text))
         if answers or len(content_words(text, self.config.backchannels)) >= self.config.interrupt_words:
             self._transcribed = True  # words, so a turn however short, never a false interruption
             return [self._barge(self.at_ms, text)]
-        return []
+        return [self._release_held(self.at_ms)] if self._releases_held(self.at_ms) else []
 
     def judge_failed(self, burst: int) -> list[Emission]:
         """The engine could not say (it failed, timed out, or is behind): judge by timing, as if

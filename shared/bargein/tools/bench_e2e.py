@@ -11,7 +11,9 @@ agent's American one). Each of ``--rounds`` rounds:
    caller (the turn latency, which includes the ``min_silence_ms`` that ends a turn);
 2. a second into the answer the caller says a backchannel ("uh-huh", "okay", ...); counted: a
    *false cut* if the agent's voice is cleared for it (target 0 per 100 with the soft barge-in),
-   and whether it paused and resumed;
+   whether it paused and resumed, and the *dead air* it cost: the end of the caller's backchannel →
+   the agent's voice resuming (``resume``; targets p50 ≤ 300 ms, p95 ≤ 500 ms). The agent is silent
+   while the caller speaks too; that part is the caller's turn at talking, not dead air;
 3. a second later the caller interrupts ("wait, stop ..."); measured: the caller's speech onset →
    the agent's audio stopped at the caller (the ``pause`` of the soft barge-in or the ``clear``,
    whichever came first; target p50 ≤ 120 ms), and the turn latency of the answer to it.
@@ -66,6 +68,7 @@ INTERRUPTIONS = (
     "Hold on, that is not what I asked about.",
 )
 STOP_TARGET_MS = 120.0
+DEAD_AIR_TARGETS_MS = (300.0, 500.0)  # p50, p95: the end of a backchannel → the agent's voice again
 ROUND_TIMEOUT_S = 30.0
 LISTEN_BEFORE_S = 1.0  # of the agent's voice before the caller says something over it
 VERDICT_WAIT_S = 3.0  # a backchannel that has not cut the agent off by then did not
@@ -84,6 +87,7 @@ class Round:
     false_cut: bool = False
     backchannel_paused: bool = False
     backchannel_resumed: bool = False
+    dead_air_s: float | None = None  # the backchannel's end → the agent's voice resumed
     backchannel: str = ""  # what was said
     heard: str | None = None  # what speech-to-text made of it (a user_transcript frame), if anything
 
@@ -178,11 +182,14 @@ class _E2EBench:
                 result.backchannel = rng.choice(BACKCHANNELS)
                 backchannel = await utterance(self.voice, result.backchannel)
                 said = caller.say(backchannel.pcm)
-                await _spoken(said)
+                spoken_end = await _spoken(said)
                 await asyncio.sleep(VERDICT_WAIT_S)
                 result.false_cut = bool(caller.frames("clear", after=mark))
                 result.backchannel_paused = bool(caller.frames("pause", after=mark))
-                result.backchannel_resumed = bool(caller.frames("resume", after=mark))
+                resumes = caller.frames("resume", after=mark)
+                result.backchannel_resumed = bool(resumes)
+                if resumes and not result.false_cut:
+                    result.dead_air_s = max(0.0, resumes[-1].at - spoken_end)
                 transcripts = caller.frames("user_transcript", after=mark)
                 result.heard = (
                     transcripts[0].frame.get("text") if transcripts and transcripts[0].frame else None
@@ -207,6 +214,8 @@ class _E2EBench:
         stop = "—" if r.stop_s is None else f"{r.stop_s * 1000:.0f} ms"
         latency = ", ".join(f"{s * 1000:.0f}" for s in r.turn_latency_s)
         bc = "false cut" if r.false_cut else ("paused, resumed" if r.backchannel_resumed else "left alone")
+        if r.dead_air_s is not None:
+            bc += f" ({r.dead_air_s * 1000:.0f} ms of dead air after it)"
         bc = f"{r.backchannel!r} (heard {r.heard!r}) {bc}"
         return f"answers after {latency} ms; backchannel {bc}; barge-in silent after {stop}"
 
@@ -270,6 +279,7 @@ class _E2EBench:
         stop = summarize(stops) if stops else None
         met = stop is not None and stop["p50_ms"] <= STOP_TARGET_MS
         resumed = sum(r.backchannel_resumed for r in rounds)
+        dead_air = sorted(r.dead_air_s * 1000 for r in rounds if r.dead_air_s is not None)
         turn = summarize(latencies)
         lines = [""]
         if stop is not None:
@@ -286,6 +296,16 @@ class _E2EBench:
             f" heard words: {sorted({f'{r.backchannel!r} as {r.heard!r}' for r in misheard})}",
             f"  backchannels that paused the agent and resumed it: {resumed}",
         ]
+        dead = None
+        if dead_air:
+            dead = {"p50_ms": percentile(dead_air, 50), "p95_ms": percentile(dead_air, 95)}
+            p50_target, p95_target = DEAD_AIR_TARGETS_MS
+            dead_met = dead["p50_ms"] <= p50_target and dead["p95_ms"] <= p95_target
+            lines.append(
+                f"  dead air after a backchannel (its end → the agent's voice again): p50"
+                f" {dead['p50_ms']:.0f} ms, p95 {dead['p95_ms']:.0f} ms (targets ≤ {p50_target:.0f}"
+                f" / ≤ {p95_target:.0f} ms: {verdict(dead_met)})"
+            )
         for name, numbers in engines.items():
             if isinstance(numbers, dict):
                 lines.append(
@@ -305,6 +325,7 @@ class _E2EBench:
             "false_cuts_per_100": per_100,
             "false_cuts_misheard": len(misheard),
             "resumed": resumed,
+            "dead_air": dead,
             "engines": engines,
         }
 

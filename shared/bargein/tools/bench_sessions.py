@@ -230,6 +230,8 @@ class _SessionsBench:
         self.say(f"  memory per idle session ({self.n_sessions} sessions, {connected} callers connected):")
         for name, value in per_session.items():
             shown = "n/a" if value is None else f"{value / 1024:,.1f} KB"
+            if value is not None and value < 0:  # a few sessions weigh less than the process's own churn
+                shown += " (it freed more than the sessions took: too few sessions to measure)"
             self.say(f"    {name:<10} {shown}")
         return {
             "run_id": self.run_id,
