@@ -250,7 +250,9 @@ class UserSpeechOnset(Event, control=True):
 
 class UserOnsetDismissed(Event):
     """The burst that paused the agent (:class:`UserSpeechOnset`) ended without cutting it off: too
-    short, no words (``outcome`` ``noise``). A backchannel ends as :class:`UserBackchannel`."""
+    short, no words (``outcome`` ``noise``). A backchannel ends as :class:`UserBackchannel`; the
+    agent may go on before that, once it is quiet and its words are known (``outcome``
+    ``backchannel``)."""
 
     outcome: str = "noise"
 

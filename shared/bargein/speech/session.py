@@ -415,14 +415,12 @@ class SpeechSession(SessionProcessor):
         judged = 0
         try:
             while policy.state is State.HELD and policy.burst == burst and not self.closed:
-                # more audio to judge, or the burst went quiet since the last judgement: its words
-                # up to the quiet may let the agent go on now ("uh-huh", TurnPolicy.judged)
-                if len(self._turn_audio) < judged + REJUDGE_WINDOWS and not (
-                    policy.held_quiet and len(self._turn_audio) > judged
-                ):
-                    await asyncio.sleep(
-                        WINDOW_MS / 1000 if policy.held_quiet else REJUDGE_WINDOWS * WINDOW_MS / 1000
-                    )
+                # judged again once there is more audio, or at once if the burst went quiet since
+                # the last judgement: its words up to the quiet may let the agent go on ("uh-huh")
+                unjudged = len(self._turn_audio) - judged
+                quiet = policy.held_quiet
+                if unjudged < REJUDGE_WINDOWS and not (quiet and unjudged > 0):
+                    await asyncio.sleep((1 if quiet else REJUDGE_WINDOWS) * WINDOW_MS / 1000)
                     continue
                 judged, upto_ms = len(self._turn_audio), policy.at_ms
                 text, failed = await self._words(b"".join(self._turn_audio))

@@ -347,11 +347,9 @@ class TurnPolicy:
             self.pause += 1
             self._pause_silence_ms = None
             self._words_due = False
-        if self._releases(end_ms):  # a click, a cough: the agent goes on without waiting for the end
-            self._paused = False
-            out.append(self._emit(UserOnsetDismissed(outcome="short"), end_ms, self._silence_start_ms))
-        elif self._releases_held(end_ms):  # "uh-huh", heard: the agent goes on before the burst ends
-            out.append(self._release_held(end_ms))
+        released = self._released(end_ms)  # the agent goes on without waiting for the burst's end
+        if released is not None:
+            out.append(self._release(released, end_ms))
         if end_ms - self._silence_start_ms >= self._ending_silence_ms():
             out.extend(self._end_burst(end_ms, self._silence_start_ms))
         return out
@@ -366,33 +364,28 @@ class TurnPolicy:
             and self._voiced_ms >= self.config.soft_pause_ms
         )
 
-    def _releases(self, end_ms: float) -> bool:
-        """Whether a burst that paused the agent and is still too short to be a barge-in has been
-        quiet long enough (``SOFT_RELEASE_MS``) to let the agent go on. If the voice comes back the
-        agent is paused again."""
-        return (
-            self._paused
-            and self.state is State.PENDING
-            and self._silence_start_ms is not None
-            and end_ms - self._silence_start_ms >= SOFT_RELEASE_MS
-        )
-
-    def _releases_held(self, end_ms: float) -> bool:
-        """Whether a held burst that paused the agent has been quiet ``SOFT_RELEASE_MS`` and its
-        words, judged up to the quiet, are only backchannels: the agent goes on now."""
-        return (
-            self._paused
-            and self.state is State.HELD
-            and self._silence_start_ms is not None
-            and end_ms - self._silence_start_ms >= SOFT_RELEASE_MS
+    def _released(self, end_ms: float) -> str | None:
+        """Whether a burst that paused the agent has been quiet long enough (``SOFT_RELEASE_MS``)
+        to let the agent go on, and why: ``short``, still too short to be a barge-in (a click, a
+        cough); ``backchannel``, held, and its words judged up to the quiet are only backchannels
+        ("uh-huh"). If the voice comes back the agent is paused again."""
+        if not self._paused or self._silence_start_ms is None:
+            return None
+        if end_ms - self._silence_start_ms < SOFT_RELEASE_MS:
+            return None
+        if self.state is State.PENDING:
+            return "short"
+        if (
+            self.state is State.HELD
             and self._heard_upto_ms >= self._silence_start_ms
             and not content_words(self._heard, self.config.backchannels)
-        )
+        ):
+            return "backchannel"
+        return None
 
-    def _release_held(self, end_ms: float) -> Emission:
+    def _release(self, outcome: str, end_ms: float) -> Emission:
         self._paused = False
-        dismissed = UserOnsetDismissed(outcome="backchannel")
-        return self._emit(dismissed, end_ms, self._silence_start_ms)
+        return self._emit(UserOnsetDismissed(outcome=outcome), end_ms, self._silence_start_ms)
 
     @property
     def held_quiet(self) -> bool:
@@ -420,7 +413,7 @@ class TurnPolicy:
         """The words of held burst ``burst`` so far (``final``: of all of it, as it ends; ``upto_ms``:
         of its audio up to then, by default up to now). A barge-in once they hold
         ``interrupt_words`` words besides backchannels; otherwise the burst stays held, and if it
-        has gone quiet and they reach the quiet, the agent goes on (:meth:`_releases_held`). At its
+        has gone quiet and they reach the quiet, the agent goes on (:meth:`_released`). At its
         end, if the agent has stopped speaking meanwhile, any words are the caller's turn (a "yes"
         that answers the question the agent was finishing)."""
         if burst != self.burst or self.state is not State.HELD:
@@ -431,7 +424,8 @@ class TurnPolicy:
         if answers or len(content_words(text, self.config.backchannels)) >= self.config.interrupt_words:
             self._transcribed = True  # words, so a turn however short, never a false interruption
             return [self._barge(self.at_ms, text)]
-        return [self._release_held(self.at_ms)] if self._releases_held(self.at_ms) else []
+        released = self._released(self.at_ms)
+        return [self._release(released, self.at_ms)] if released is not None else []
 
     def judge_failed(self, burst: int) -> list[Emission]:
         """The engine could not say (it failed, timed out, or is behind): judge by timing, as if
