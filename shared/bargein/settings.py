@@ -34,10 +34,14 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024
 # these never cut it off (BARGEIN_BACKCHANNELS; bargein.agent.words matches them).
 DEFAULT_BACKCHANNELS = (
     "uh-huh", "uh huh", "mm-hmm", "mm hmm", "mhm", "mm", "mmm", "hm", "hmm", "uh", "um", "ah", "oh",
-    "uh-uh", "uh-oh", "mm-mm",  # what speech-to-text often makes of "uh-huh" and "mm-hmm"
+    "uh-oh",  # what speech-to-text often makes of "uh-huh"; never "uh-uh", "mm-mm" or "nope": they mean no
     "yeah", "yes", "yep", "yup", "okay", "ok", "right", "alright", "all right", "sure",
     "i see", "got it", "cool", "nice", "great",
 )  # fmt: skip
+# Whisper's initial prompt (BARGEIN_STT_PROMPT): text it takes as said just before the clip, so it
+# spells a listener's noises as these words. Without it the tiny model hears eSpeak NG's "Uh-huh."
+# as "Uh-uh." (no) and "Mm-hmm." as "and momentum" (docs/speech.md, measured).
+DEFAULT_STT_PROMPT = "Uh-huh. Mm-hmm. Okay."
 
 
 # A folder of files named like the variables (BARGEIN_RABBITMQ_URL, ...), each holding a value: how
@@ -248,6 +252,12 @@ class TranscriptionSettings(_Base):
     stt_model: str | None = Field(
         default=None,
         description="A CTranslate2 Whisper model directory; default: the bundled tiny.en (bargein[stt]).",
+    )
+    stt_prompt: str = Field(
+        default=DEFAULT_STT_PROMPT,
+        max_length=500,
+        description="Text the engine takes as said before each clip (Whisper's prompt): how backchannels "
+        "are spelled, names; empty: none.",
     )
     stt_threads: int = Field(default=1, ge=1, le=64, description="CPU threads per transcription.")
     stt_workers: int = Field(default=2, ge=1, le=64, description="Transcriptions run at once, at most.")

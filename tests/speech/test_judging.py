@@ -155,6 +155,15 @@ def test_the_word_test() -> None:
     assert content_words("got") == ["got"]  # a phrase matches only whole
 
 
+@pytest.mark.parametrize("no", ["Uh-uh.", "Mm-mm.", "Nope.", "No.", "Nah."])
+def test_a_no_said_over_the_agent_is_never_a_backchannel(no: str) -> None:
+    """ "Uh-uh" means no: said over the agent it must be able to cut it off (issue 28)."""
+    assert content_words(no) != []
+    policy = held(interrupt_words=1)
+    feed(policy, [HI] * n(300))
+    assert len(policy.judged(no, policy.burst)) == 1
+
+
 def msg(event: object) -> Message:
     return Message(event=event)  # type: ignore[arg-type]
 

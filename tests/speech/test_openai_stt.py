@@ -14,7 +14,7 @@ import pytest
 
 from bargein.agent.events import SAMPLE_RATE, SessionError, SessionErrorCode, UserTranscriptionReceived
 from bargein.errors import SettingsError, TranscriberBehind
-from bargein.settings import TranscriptionSettings, load
+from bargein.settings import DEFAULT_STT_PROMPT, TranscriptionSettings, load
 from bargein.speech.openai_stt import OpenAITranscriber
 from bargein.speech.transcriber import transcriber_from_settings
 from bargein.speech.whisper import WhisperTranscriber
@@ -50,6 +50,7 @@ async def test_turns_are_sent_as_wav_and_the_servers_words_come_back(whisper: Wh
     assert upload.path == "/v1/audio/transcriptions"
     assert upload.authorization == "Bearer sk-test"
     assert upload.fields["model"] == "whisper-large-v3" and upload.fields["language"] == "en"
+    assert upload.fields["prompt"] == DEFAULT_STT_PROMPT  # how "uh-huh" is spelled (not "uh-uh")
     assert upload.filename.endswith(".wav")
     assert len(samples_of(upload.file)) == len(pcm("one_utterance.wav")) // 2
 

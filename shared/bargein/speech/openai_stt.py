@@ -18,7 +18,7 @@ import wave
 import openai
 
 from bargein.errors import SettingsError
-from bargein.settings import TranscriptionSettings
+from bargein.settings import DEFAULT_STT_PROMPT, TranscriptionSettings
 from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.openai")
@@ -45,8 +45,10 @@ class OpenAITranscriber:
         language: str | None = "en",
         workers: int = 2,
         timeout_s: float = 10.0,
+        prompt: str = DEFAULT_STT_PROMPT,
     ) -> None:
         self.base_url = base_url
+        self.prompt = prompt
         self.model = model
         self.language = language
         self.timeout_s = timeout_s
@@ -67,6 +69,7 @@ class OpenAITranscriber:
             language=settings.stt_language or None,
             workers=settings.stt_workers,
             timeout_s=settings.stt_timeout_s,
+            prompt=settings.stt_prompt,
         )
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
@@ -79,6 +82,7 @@ class OpenAITranscriber:
                 model=self.model,
                 response_format="json",
                 language=self.language or openai.omit,
+                prompt=self.prompt or openai.omit,
             )
         except openai.APITimeoutError:
             raise TimeoutError(f"{self.base_url} did not answer in {self.timeout_s} s") from None

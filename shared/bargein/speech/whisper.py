@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from bargein.errors import SettingsError
-from bargein.settings import TranscriptionSettings
+from bargein.settings import DEFAULT_STT_PROMPT, TranscriptionSettings
 from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.whisper")
@@ -49,6 +49,7 @@ class WhisperTranscriber:
         threads: int = 1,
         workers: int = 2,
         timeout_s: float = 10.0,
+        prompt: str = DEFAULT_STT_PROMPT,
     ) -> None:
         try:
             from faster_whisper import WhisperModel  # type: ignore[import-untyped]
@@ -64,6 +65,7 @@ class WhisperTranscriber:
         )
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
+        self.prompt = prompt or None
         self.directory = directory
         self.in_flight = InFlight(workers)
         log.info(
@@ -77,6 +79,7 @@ class WhisperTranscriber:
             threads=settings.stt_threads,
             workers=settings.stt_workers,
             timeout_s=settings.stt_timeout_s,
+            prompt=settings.stt_prompt,
         )
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
@@ -98,7 +101,12 @@ class WhisperTranscriber:
 
     def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
         segments, _ = self.model.transcribe(
-            samples, language=LANGUAGE, beam_size=1, vad_filter=False, condition_on_previous_text=False
+            samples,
+            language=LANGUAGE,
+            beam_size=1,
+            vad_filter=False,
+            condition_on_previous_text=False,
+            initial_prompt=self.prompt,
         )
         text = " ".join(segment.text.strip() for segment in segments).strip()
         return text or None
