@@ -54,6 +54,20 @@ def test_add_event_merges_consecutive_text_events_as_line_does() -> None:
     ]
 
 
+def test_user_texts_that_would_run_together_are_joined_with_a_space() -> None:
+    """Two texts typed while the broker was away reach the node at once: "alpha" and "bravo" are
+    two utterances, not the word "alphabravo" (issue 27). The agent's own pieces stay as they are."""
+    node = Recorder()
+    for text in ("alpha", "bravo", " charlie", "delta. "):
+        node.add_event(UserTranscriptionReceived(content=text))
+    node.add_event(AgentResponse(content="Hel"))
+    node.add_event(AgentResponse(content="lo."))
+    assert node.conversation_events == [
+        UserTranscriptionReceived(content="alpha bravo charlie delta. "),
+        AgentResponse(content="Hello."),
+    ]
+
+
 def test_add_event_does_not_merge_across_other_events() -> None:
     node = Recorder()
     for event in (

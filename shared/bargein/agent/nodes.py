@@ -37,6 +37,12 @@ log = logging.getLogger("bargein.agent.nodes")
 
 
 _MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
+
+
+def _runs_together(before: str, after: str) -> bool:
+    return bool(before) and bool(after) and not before[-1].isspace() and not after[0].isspace()
+
+
 # how many recent turns a late delivery report may still correct (the delivery ledger keeps as many)
 AMENDABLE_TURNS = 16
 
@@ -194,13 +200,19 @@ class ReasoningNode(Node):
 
     def add_event(self, event: Event | Message) -> None:
         """Append to the history. Consecutive text events of one kind (user transcripts, agent
-        responses, speech sent) merge into one by plain concatenation, as in Line."""
+        responses, speech sent) merge into one by concatenation, as in Line. The agent's are pieces
+        of one stream and join as they are; each user transcript is a whole utterance (a burst
+        heard, a text typed), so two that would run together ("alpha", "bravo": texts sent while
+        the broker was away, arriving at once) are joined with a space."""
         ev = event.event if isinstance(event, Message) else event
         if not isinstance(ev, BaseModel):  # Line's events were plain pydantic models: those are fine
             raise TypeError(f"add_event takes an event (a pydantic model) or a Message, not {event!r:.60}")
         last = self.conversation_events[-1] if self.conversation_events else None
         if isinstance(ev, _MERGED) and isinstance(last, _MERGED) and type(ev) is type(last):
-            self.conversation_events[-1] = type(ev)(content=last.content + ev.content)
+            glue = ""
+            if isinstance(ev, UserTranscriptionReceived) and _runs_together(last.content, ev.content):
+                glue = " "
+            self.conversation_events[-1] = type(ev)(content=last.content + glue + ev.content)
         else:
             self.conversation_events.append(ev)
 
