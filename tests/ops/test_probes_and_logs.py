@@ -105,3 +105,31 @@ async def test_bargein_health_asks_the_probe_port(monkeypatch: pytest.MonkeyPatc
     assert await asyncio.to_thread(health_main) == 0
     await probes.stop()
     assert await asyncio.to_thread(health_main) == 1
+
+
+class RobustChannel:  # named as aio-pika's, for the callback's repr
+    def _on_close(self) -> None: ...
+
+
+def test_a_broker_outage_the_connection_recovers_from_logs_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiormq and aio-pika report a lost connection and every failed reconnect as ERROR; the
+    transport names the outage once itself, so those are dropped, and nothing else is."""
+    stream = _capture("text", monkeypatch)
+    aiormq, robust = logging.getLogger("aiormq.connection"), logging.getLogger("aio_pika.robust_connection")
+    tools = logging.getLogger("aio_pika.tools")
+    aiormq.error(
+        'Unexpected connection close from remote "%s", Connection.Close(reply_code=%r)', "amqp://x", 320
+    )
+    aiormq.error("error when creating transport: %r", ConnectionRefusedError(111))
+    robust.warning(
+        'Connection attempt to "%s" failed: %s. Reconnecting after %r seconds.', "amqp://x", "no", 1
+    )
+    tools.error("Callback %r error: %s: %s", RobustChannel()._on_close, "RuntimeError", "closed")
+    tools.error("Callback %r error: %s: %s", print, "ChannelInvalidStateError", "No active transport")
+    assert stream.getvalue() == ""
+    tools.error("Callback %r error: %s: %s", print, "ValueError", "a bug in a callback")
+    aiormq.warning("Connection %r was blocked by: %r", "amqp://x", "low on memory")
+    shown = stream.getvalue().splitlines()
+    assert len(shown) == 2 and "a bug in a callback" in shown[0] and "blocked" in shown[1]
+    configure_logging("INFO", "text")  # configured again (a test, a command): still one filter each
+    assert len(tools.filters) == 1

@@ -91,6 +91,7 @@ class _Owned:
     runtime: SessionProcessor
     subscription: Subscription
     records_lost: bool = False  # Redis lost them; written back at each renewal until that works
+    resubscribe_failing: bool = False  # the mailbox could not be consumed again at the last try
 
 
 class _NoSubscription(Subscription):
@@ -210,8 +211,12 @@ class SessionHost:
                 session_id, self.tier, IN, owned.runtime.handle
             )
         except Exception as exc:
-            log.warning("session %s: cannot consume its mailbox again yet: %s", session_id, exc)
+            # said once, not at every renewal while the broker is away (the transport names the outage)
+            report = log.debug if owned.resubscribe_failing else log.warning
+            report("session %s: cannot consume its mailbox again yet: %s", session_id, exc)
+            owned.resubscribe_failing = True
             return
+        owned.resubscribe_failing = False
         log.info("session %s: consuming its mailbox again", session_id)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -343,6 +343,7 @@ class AmqpTransport(Transport):
         self._audio_channel: AbstractRobustChannel | None = None
         self._audio: AbstractExchange | None = None
         self._usable = asyncio.Event()
+        self._lost_at = time.monotonic()  # when the connection was last lost
         self._recovering_until = 0.0  # until then, an unroutable message is tried again
         self._closing = False  # our own close: not an outage worth a warning
         # Where output goes (see the module docstring). A consumer's view: the queue each
@@ -415,20 +416,32 @@ class AmqpTransport(Transport):
         log.info("connected to RabbitMQ as %r; topology declared", self.name)
 
     def _on_closed(self, _sender: object, exc: BaseException | None = None) -> None:
+        """Called on the loss and again on every failed attempt to reconnect: the loss is told
+        once (aio-pika's own reports of it are filtered out, see hosting/logs.py)."""
+        was_usable = self._usable.is_set()
         self._usable.clear()
-        if exc is not None and not self._closing:
+        if exc is None or self._closing:
+            return
+        if was_usable:
+            self._lost_at = time.monotonic()
             log.warning(
                 "lost RabbitMQ (%s: %s); reconnecting, publishers wait up to %.0f s",
                 type(exc).__name__,
                 exc,
                 self.broker_wait_s,
             )
+        else:
+            log.debug("RabbitMQ still away (%s: %s)", type(exc).__name__, exc)
 
     def _on_reconnected(self, *_: object) -> None:
         self._recovering_until = time.monotonic() + self.broker_wait_s
         self._usable.set()
         self.counters["reconnects"] += 1
-        log.info("reconnected to RabbitMQ as %r; channels and consumers restored", self.name)
+        log.info(
+            "reconnected to RabbitMQ as %r after %.1f s; channels and consumers restored",
+            self.name,
+            time.monotonic() - self._lost_at,
+        )
 
     async def _declare_dead_queue(self) -> None:
         """The dead-letter queue, bounded in length and bytes. One declared by an older bargein with
