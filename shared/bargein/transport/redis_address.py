@@ -20,10 +20,27 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.retry as async_retry
 import redis.asyncio.sentinel as async_sentinel
 import redis.sentinel as sync_sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.settings import SentinelAddress, is_sentinel
+
+
+# One more try, on a fresh connection, for a command whose pooled connection turns out dead: a
+# Redis that restarted closed every connection of the pool, and each is found dead only when used.
+# A Redis that is down costs one more connection attempt, at once, and a time-out none, so it is
+# still reported within the time-out (the callers retry on their own schedule). redis-py gives a
+# client its retries only when it makes the pool itself; the store makes its own pools.
+# The blocking client (sync_client) keeps redis-py's default retries.
+STALE_CONNECTION_RETRIES = 1
+
+
+def _retry_options() -> dict[str, object]:
+    retry = async_retry.Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
+    return {"retry": retry, "retry_on_error": [RedisConnectionError]}
 
 
 class _BlockingSentinelPool(async_sentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -43,6 +60,7 @@ def async_client(url: str, *, pool_size: int, timeout_s: float) -> aioredis.Redi
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             decode_responses=False,
+            **_retry_options(),
         )
         return aioredis.Redis(connection_pool=pool)
     address = SentinelAddress.parse(url)
@@ -59,6 +77,7 @@ def async_client(url: str, *, pool_size: int, timeout_s: float) -> aioredis.Redi
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         decode_responses=False,
+        **_retry_options(),
     )
     return client
 
