@@ -46,7 +46,7 @@ async def test_a_redis_that_stays_down_is_still_reported_at_once(server: Private
         await store.session_info("reasoning", "s1")
         await asyncio.to_thread(server.stop)
         async with asyncio.timeout(10.0):
-            with pytest.raises(Exception, match="(?i)connect"):
+            with pytest.raises(Exception, match=r"(?i)connect"):
                 await store.session_info("reasoning", "s1")
     finally:
         await store.close()

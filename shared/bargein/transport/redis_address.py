@@ -28,7 +28,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.settings import SentinelAddress, is_sentinel
 
-
 # One more try, on a fresh connection, for a command whose pooled connection turns out dead: a
 # Redis that restarted closed every connection of the pool, and each is found dead only when used.
 # A Redis that is down costs one more connection attempt, at once, and a time-out none, so it is
