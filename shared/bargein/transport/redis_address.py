@@ -37,9 +37,8 @@ from bargein.settings import SentinelAddress, is_sentinel
 STALE_CONNECTION_RETRIES = 1
 
 
-def _retry_options() -> dict[str, object]:
-    retry = async_retry.Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
-    return {"retry": retry, "retry_on_error": [RedisConnectionError]}
+def _stale_connection_retry() -> async_retry.Retry:
+    return async_retry.Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
 
 
 class _BlockingSentinelPool(async_sentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -59,7 +58,8 @@ def async_client(url: str, *, pool_size: int, timeout_s: float) -> aioredis.Redi
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             decode_responses=False,
-            **_retry_options(),
+            retry=_stale_connection_retry(),
+            retry_on_error=[RedisConnectionError],
         )
         return aioredis.Redis(connection_pool=pool)
     address = SentinelAddress.parse(url)
@@ -76,7 +76,8 @@ def async_client(url: str, *, pool_size: int, timeout_s: float) -> aioredis.Redi
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         decode_responses=False,
-        **_retry_options(),
+        retry=_stale_connection_retry(),
+        retry_on_error=[RedisConnectionError],
     )
     return client
 
