@@ -168,7 +168,9 @@ class BrokerSettings(_Base):
         description="A session with no message for this long is ended (its caller is gone).",
     )
     drain_timeout_s: float = Field(
-        default=10.0, ge=0, description="SIGTERM: how long running turns may finish here before hand-over."
+        default=10.0,
+        ge=0,
+        description="SIGTERM: how long running turns may finish before hand-over; an edge stops within it.",
     )
 
     @field_validator("redis_url")

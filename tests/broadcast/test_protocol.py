@@ -313,3 +313,38 @@ async def test_sigterm_closes_the_callers_and_the_edge_exits_cleanly(
             assert ws.close_code == 1001
         assert await asyncio.to_thread(edge.proc.wait, 20) == 0, edge.log()[-3000:]
         assert "edge stopped" in edge.log()
+
+
+async def test_sigterm_stops_the_edge_within_the_drain_timeout_whatever_is_still_at_work(
+    rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A request still at work when the signal comes (here a client that sent half a body and went
+    quiet; a thousand callers hanging up at once did the same for 8 s) is cut at
+    ``BARGEIN_DRAIN_TIMEOUT_S``: uvicorn alone would wait for it for ever."""
+    drain_s = 2.0
+    env = cluster_env(
+        rabbitmq_url,
+        redis_url,
+        BARGEIN_PORT="0",
+        BARGEIN_EDGE_SECRET=SECRET,
+        BARGEIN_DRAIN_TIMEOUT_S=str(drain_s),
+    )
+    with Cluster(env, tmp_path) as cluster:
+        base = cluster.start_edge()
+        edge = cluster.processes[-1]
+        host, port = base.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the request is being read
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        await asyncio.to_thread(edge.proc.send_signal, signal.SIGTERM)
+        assert await asyncio.to_thread(edge.proc.wait, 30) == 0, edge.log()[-3000:]
+        took = loop.time() - signalled
+        writer.close()
+        assert "edge stopped" in edge.log()
+        assert took < drain_s + 3.0, f"stopped {took:.1f} s after SIGTERM (drain time-out {drain_s} s)"

@@ -534,6 +534,7 @@ class Edge:
         self.queue: EdgeQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        self.stopping = False  # set as the edge starts sending its clients away
         self._seq = 0
 
     def count(self, name: str, n: int = 1) -> None:
@@ -580,6 +581,7 @@ class Edge:
     async def send_clients_away(self) -> None:
         """Tell every client connected here that this edge is stopping (``shutting_down``, then
         close 1001), so that it joins again through another edge; the sessions go on without it."""
+        self.stopping = True
         going = ErrorFrame(code=ErrorCode.SHUTTING_DOWN, message="edge restarting")
         connections = [c for session in self.sessions.values() for c in session.connections if not c.closed]
         if connections:  # (none left when Edge.stop comes after the server's shutdown did this)
@@ -691,7 +693,8 @@ class Edge:
         metrics.SESSIONS.labels("edge").set(len(self.sessions))
         if session is not None and session.voice is not None:
             await session.voice.aclose()
-        if session is not None and self.queue is not None:
+        if session is not None and self.queue is not None and not self.stopping:
+            # (a stopping edge's queues go with its connection: no unbinding one by one)
             await self.queue.remove_session(session_id)
 
     # --- from the bus ----------------------------------------------------------------------------
@@ -827,7 +830,9 @@ class Edge:
             )
         if had_callers:
             await self._forget(session.session_id)
-        elif self.queue is not None:  # over before its caller joined: a late join is told so
+        elif (
+            self.queue is not None and not self.stopping
+        ):  # over before its caller joined: a late join is told so
             await self.queue.remove_session(session.session_id)  # (then forgotten as idle)
         log.info("session %s ended (%s)", session.session_id, reason)
 

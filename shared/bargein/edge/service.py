@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 
 import uvicorn
 
@@ -37,6 +38,13 @@ from bargein.transport.redis_store import RedisStateStore
 from bargein.voice.engines import DEFAULT_VOICE, SUGGESTED_VOICES, synthesizer_from_settings
 
 log = logging.getLogger("bargein.edge")
+
+# of BARGEIN_DRAIN_TIMEOUT_S, kept for what comes after the sockets: the edge's own stop and closing
+# its broker connection and store (1.5 s measured with a thousand sessions on the 2-core machine)
+CLOSE_RESERVE_S = 2.0
+MIN_GRACE_S = (
+    1  # what the sockets get at least, however short the drain time-out (uvicorn counts whole seconds)
+)
 
 
 async def serve(
@@ -118,7 +126,7 @@ async def serve(
         # the bytes are worth
         ws_per_message_deflate=False,
     )
-    server = _EdgeServer(config, edge)
+    server = _EdgeServer(config, edge, stop_within_s=broker.drain_timeout_s)
     if probes is not None:
         await probes.start()
     _let_uvicorn_hand_back_the_signal()
@@ -149,15 +157,22 @@ class _EdgeServer(uvicorn.Server):
     the edge first tells its clients why and where to go (``shutting_down``, then 1001, as
     docs/protocol.md says); the page joins again on it, ``bargein call`` says why it stopped."""
 
-    def __init__(self, config: uvicorn.Config, edge: Edge) -> None:
+    def __init__(self, config: uvicorn.Config, edge: Edge, *, stop_within_s: float) -> None:
         super().__init__(config)
         self.edge = edge
+        self.stop_within_s = stop_within_s
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop within ``BARGEIN_DRAIN_TIMEOUT_S`` of the signal, as a worker does: what requests
+        and sockets are still at work then (a thousand callers hanging up at once, each hang-up a
+        few broker round trips) is cancelled; the sessions' owners and the caller sweep end what
+        was left (docs/operations.md)."""
+        deadline = time.monotonic() + self.stop_within_s - CLOSE_RESERVE_S
         try:
             await self.edge.send_clients_away()
         except Exception:  # a failed goodbye must not stop the shutdown: uvicorn closes them anyway
             log.exception("could not tell the clients the edge is stopping")
+        self.config.timeout_graceful_shutdown = max(int(deadline - time.monotonic()), MIN_GRACE_S)
         await super().shutdown(sockets)
 
 

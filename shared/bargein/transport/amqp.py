@@ -337,6 +337,9 @@ class AmqpTransport(Transport):
         self._control: AbstractRobustChannel | None = None
         self._consume: AbstractRobustChannel | None = None
         self._starts: AbstractRobustChannel | None = None
+        # queue deletions: an RPC holds its channel's lock until the broker answers, and on the
+        # publishing channels a thousand callers hanging up at once kept every publish waiting
+        self._topology: AbstractRobustChannel | None = None
         self._events_data: AbstractExchange | None = None
         self._events_control: AbstractExchange | None = None
         self._dead: AbstractExchange | None = None
@@ -398,6 +401,7 @@ class AmqpTransport(Transport):
         await self._consume.set_qos(prefetch_count=1)  # per consumer: control is never stuck behind data
         self._starts = await self._connection.channel(publisher_confirms=False)
         await self._starts.set_qos(prefetch_count=1)
+        self._topology = await self._connection.channel(publisher_confirms=False)
         self._events_data = await self._data.declare_exchange(
             EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
@@ -833,7 +837,7 @@ class AmqpTransport(Transport):
         self._routes.pop(session, None)
         if tier == TIER_EDGE:
             self._session_routes.pop(session, None)
-        channel = self._need(self._data)
+        channel = self._need(self._topology)
         try:
             await channel.queue_delete(mailbox_queue(tier, session))
         except Exception as exc:
