@@ -31,15 +31,22 @@ from .helpers import ask, reply_text, take_chunks, wait_for
 WORDS = " ".join(f"w{i}" for i in range(40))
 
 
-def slow_llm() -> ScriptedLLM:
-    return ScriptedLLM([WORDS], first_token_delay=0.005, tokens_per_second=100)
+def slow_llm(first_token_delay: float = 0.005) -> ScriptedLLM:
+    return ScriptedLLM([WORDS], first_token_delay=first_token_delay, tokens_per_second=100)
 
 
 class Recorder(ReasoningNode):
     """Records the order of generation starts, unwinds and handler calls."""
 
-    def __init__(self, log: list[str], *, unwind_delay: float = 0.0, handler_delay: float = 0.0) -> None:
-        super().__init__(llm_client=slow_llm())
+    def __init__(
+        self,
+        log: list[str],
+        *,
+        unwind_delay: float = 0.0,
+        handler_delay: float = 0.0,
+        first_token_delay: float = 0.005,
+    ) -> None:
+        super().__init__(llm_client=slow_llm(first_token_delay))
         self._log = log
         self._unwind_delay = unwind_delay
         self._handler_delay = handler_delay
@@ -168,6 +175,24 @@ async def test_history_keeps_only_what_was_delivered() -> None:
             ("assistant", "w0 w1 w2 "),
             ("user", "second question"),
         ]
+
+
+async def test_the_callers_words_around_an_answer_never_heard_reach_the_model_as_one() -> None:
+    """ "are you" starts an answer; "there?" cuts it before a word of it was out. The history keeps
+    the cut answer's (empty) place, and the model reads one utterance: found when texts typed during
+    a broker restart came back as two user messages or one, depending on when the second arrived."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log, first_token_delay=30.0)) as s:
+        await ask(s, "are you")
+        await wait_for(lambda: "start" in log)  # the answer has begun, nothing of it is out
+        await s.emit(UserStartedSpeaking())
+        await wait_for(lambda: "handler-end" in log)
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.conversation_events[-1] == AgentResponse(content="")
+        await ask(s, "there?")
+        await wait_for(lambda: log.count("start") == 2)
+        assert node.context.format_messages() == [{"role": "user", "content": "are you there?"}]
 
 
 async def test_late_delivery_report_corrects_the_history() -> None:

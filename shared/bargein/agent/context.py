@@ -32,6 +32,13 @@ from bargein.agent.events import (
 ChatMessage = dict[str, str]
 
 
+def join_utterances(before: str, after: str) -> str:
+    """Two of the caller's utterances as one text: a space between them when they would otherwise
+    run together ("alpha" and "bravo" are two words, not "alphabravo")."""
+    glue = " " if before and after and not before[-1].isspace() and not after[0].isspace() else ""
+    return before + glue + after
+
+
 @dataclass
 class ConversationContext:
     events: list[Event] = field(default_factory=list)
@@ -44,18 +51,32 @@ class ConversationContext:
         return "\n".join(f"{type(event)}: {event}" for event in events)
 
     def format_messages(self, max_messages: int | None = None) -> list[ChatMessage]:
-        """The history as OpenAI-style chat messages, system prompt first."""
+        """The history as OpenAI-style chat messages, system prompt first.
+
+        An answer cut before the caller heard a word of it is an empty assistant message in the
+        history (it keeps the turn's place for a late delivery report) and nothing to the model. So
+        the caller's words on either side of it are one user message: "are you" and "there?" typed
+        while the broker was away reach the model as "are you there?" whether or not an answer to
+        "are you" had begun when "there?" cut it, and a model that wants roles to alternate gets
+        them alternating."""
         out: list[ChatMessage] = []
+        said_last = False  # whether out[-1] holds the caller's own words (not a tool result)
         for ev in self.events:
+            message: ChatMessage | None = None
             if isinstance(ev, UserTranscriptionReceived):
-                out.append({"role": "user", "content": ev.content})
+                if said_last:
+                    out[-1] = {"role": "user", "content": join_utterances(out[-1]["content"], ev.content)}
+                    continue
+                message = {"role": "user", "content": ev.content}
             elif isinstance(ev, AgentResponse | AgentSpeechSent):
-                if ev.content:
-                    out.append({"role": "assistant", "content": ev.content})
+                message = {"role": "assistant", "content": ev.content} if ev.content else None
             elif isinstance(ev, ToolCall):
-                out.append({"role": "assistant", "content": f"[tool call {ev.tool_name}({ev.tool_args})]"})
+                message = {"role": "assistant", "content": f"[tool call {ev.tool_name}({ev.tool_args})]"}
             elif isinstance(ev, ToolResult):
-                out.append({"role": "user", "content": f"[tool result {ev.tool_name}: {ev.result}]"})
+                message = {"role": "user", "content": f"[tool result {ev.tool_name}: {ev.result}]"}
+            if message is not None:
+                out.append(message)
+                said_last = isinstance(ev, UserTranscriptionReceived)
         if max_messages is not None:
             out = out[-max_messages:] if max_messages > 0 else []
         if self.system_prompt:

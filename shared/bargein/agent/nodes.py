@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from bargein.agent.calling import close_generator
-from bargein.agent.context import ConversationContext, set_current_context
+from bargein.agent.context import ConversationContext, join_utterances, set_current_context
 from bargein.agent.events import (
     AgentGenerationComplete,
     AgentResponse,
@@ -37,10 +37,6 @@ log = logging.getLogger("bargein.agent.nodes")
 
 
 _MERGED = (UserTranscriptionReceived, AgentResponse, AgentSpeechSent)
-
-
-def _runs_together(before: str, after: str) -> bool:
-    return bool(before) and bool(after) and not before[-1].isspace() and not after[0].isspace()
 
 
 # how many recent turns a late delivery report may still correct (the delivery ledger keeps as many)
@@ -209,10 +205,11 @@ class ReasoningNode(Node):
             raise TypeError(f"add_event takes an event (a pydantic model) or a Message, not {event!r:.60}")
         last = self.conversation_events[-1] if self.conversation_events else None
         if isinstance(ev, _MERGED) and isinstance(last, _MERGED) and type(ev) is type(last):
-            glue = ""
-            if isinstance(ev, UserTranscriptionReceived) and _runs_together(last.content, ev.content):
-                glue = " "
-            self.conversation_events[-1] = type(ev)(content=last.content + glue + ev.content)
+            if isinstance(ev, UserTranscriptionReceived):
+                merged = join_utterances(last.content, ev.content)
+            else:
+                merged = last.content + ev.content
+            self.conversation_events[-1] = type(ev)(content=merged)
         else:
             self.conversation_events.append(ev)
 
