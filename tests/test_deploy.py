@@ -21,14 +21,14 @@ import yaml
 from packaging.markers import Marker
 
 from bargein import metrics
-from bargein.settings import SentinelAddress, all_variables
+from bargein.settings import SentinelAddress, all_variables, broker_addresses
 from bargein.tools.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"
 OVERLAYS = ("overlays/dev", "overlays/prod")
 # custom resources: not in the Kubernetes schemas, checked here by hand (their operators validate them)
-CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "RabbitmqCluster"}
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication", "ServiceMonitor", "RabbitmqCluster", "Policy"}
 
 
 def _subcommands() -> set[str]:
@@ -278,6 +278,14 @@ def test_the_prod_overlay_scales_the_workers_and_runs_rabbitmq_as_a_cluster(tmp_
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert {("ScaledObject", "reasoning"), ("ScaledObject", "speech"), ("ServiceMonitor", "bargein")} <= kinds
     assert ("RabbitmqCluster", "rabbitmq") in kinds and ("StatefulSet", "rabbitmq") not in kinds
+    # a node lost loses no session: every queue of bargein's is kept on two nodes, and the services
+    # know every node (tests/faults/test_cluster.py runs with the same policy)
+    policy = next(d["spec"] for d in docs if d["kind"] == "Policy")
+    assert re.match(policy["pattern"], "bargein.mailbox.reasoning.s1") and policy["applyTo"] == "queues"
+    assert policy["definition"]["ha-mode"] == "exactly" and policy["definition"]["ha-params"] >= 2
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "bargein-secrets")
+    nodes = broker_addresses(secret["stringData"]["BARGEIN_RABBITMQ_URL"])
+    assert len(nodes) == 3, nodes
     for scaled in (d for d in docs if d["kind"] == "ScaledObject"):
         queues = {t["metadata"].get("queueName") for t in scaled["spec"]["triggers"]}
         assert f"bargein.sessions.{scaled['metadata']['name']}" in queues  # the tier's session starts

@@ -114,7 +114,11 @@ class LLMSettings(_Base):
 class BrokerSettings(_Base):
     """Where RabbitMQ and Redis are, and how sessions are owned. Used by every service."""
 
-    rabbitmq_url: str = Field(default="amqp://guest:guest@localhost:5672/", pattern=r"^amqps?://")
+    rabbitmq_url: str = Field(
+        default="amqp://guest:guest@localhost:5672/",
+        pattern=r"^amqps?://",
+        description="RabbitMQ, or the nodes of a cluster separated by commas, tried in turn.",
+    )
     broker_wait_s: float = Field(
         default=15.0, ge=0, le=600, description="How long a publisher waits for RabbitMQ to come back."
     )
@@ -172,6 +176,12 @@ class BrokerSettings(_Base):
         ge=0,
         description="SIGTERM: how long running turns may finish before hand-over; an edge stops within it.",
     )
+
+    @field_validator("rabbitmq_url")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        broker_addresses(value)  # a ValueError here names the setting
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -534,6 +544,24 @@ def all_variables() -> set[str]:
     ]
     fields = {f"{PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}
     return fields | {SECRETS_DIR_VARIABLE}
+
+
+# --- RabbitMQ: one node, or a cluster's nodes tried in turn (transport/amqp_address.py) ------------
+
+AMQP_SCHEMES: Final = ("amqp", "amqps")
+
+
+def broker_addresses(url: str) -> tuple[str, ...]:
+    """The addresses of a ``BARGEIN_RABBITMQ_URL`` (comma-separated), in order; a ``ValueError``
+    says what is wrong with which."""
+    addresses = tuple(part.strip() for part in url.split(","))
+    if any(not part for part in addresses):
+        raise ValueError(f"{url!r}: an empty address in the list (two commas, or one at an end)")
+    for address in addresses:
+        parts = urlsplit(address)
+        if parts.scheme not in AMQP_SCHEMES or not parts.hostname:
+            raise ValueError(f"{address!r} is not an amqp:// or amqps:// URL with a host")
+    return addresses
 
 
 # --- Redis behind Sentinel: the one URL form redis-py does not parse itself ----------------------

@@ -12,6 +12,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -116,8 +117,31 @@ class PrivateRabbit:
 
     def restart(self) -> None:
         self._ctl("stop")
+        self.boot()
+
+    def kill(self) -> None:
+        """SIGKILL the node's Erlang VM, as when its machine dies: no goodbye to its clients or to
+        the other nodes of a cluster."""
+        pid = int((self.base / "rabbit.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def boot(self) -> None:
+        """Start a node that was stopped or killed again, with its data (a cluster member rejoins)."""
         subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, capture_output=True)
         self.await_ready()
+
+    def join(self, other: PrivateRabbit) -> None:
+        """Make this node a member of ``other``'s cluster (its own data is reset)."""
+        self._ctl("stop_app")
+        self._ctl("reset")
+        self._ctl("join_cluster", other.node)
+        self.start_app()
+
+    def set_policy(self, name: str, pattern: str, definition: str, apply_to: str = "queues") -> None:
+        self._ctl("set_policy", "--apply-to", apply_to, name, pattern, definition)
 
     def queue_lengths(self) -> dict[str, int]:
         out = self._ctl("list_queues", "-q", "--no-table-headers", "name", "messages").stdout.decode()
@@ -163,6 +187,44 @@ class PrivateRabbit:
 
     def __enter__(self) -> PrivateRabbit:
         self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class PrivateRabbitCluster:
+    """``with PrivateRabbitCluster(tmp, 3) as cluster:`` RabbitMQ nodes joined in one cluster, each
+    with its own ports, at ``cluster.url`` (every node's address, comma-separated, as
+    ``BARGEIN_RABBITMQ_URL`` takes them). ``cluster.nodes[i].kill()`` is a machine lost."""
+
+    def __init__(self, base: Path, size: int = 3) -> None:
+        self.nodes = [PrivateRabbit(base / f"node{i}") for i in range(size)]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes[1:]:
+            node.join(self.nodes[0])
+
+    def running(self) -> list[PrivateRabbit]:
+        """The members that answer (a killed one does not)."""
+        return [n for n in self.nodes if n._ctl("-q", "ping", check=False).returncode == 0]
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+    def __enter__(self) -> PrivateRabbitCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

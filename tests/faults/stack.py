@@ -21,12 +21,19 @@ from pathlib import Path
 
 import httpx
 
-from tests.faults.brokers import PrivateRabbit, PrivateRedis, PrivateSentinelRedis, free_port
+from tests.faults.brokers import (
+    PrivateRabbit,
+    PrivateRabbitCluster,
+    PrivateRedis,
+    PrivateSentinelRedis,
+    free_port,
+)
 from tests.integration.cluster import Cluster, ServiceProcess
 
 WORKER_READY = "ready (up to"
 EDGE_READY = "edge ready on"
 READY_TIMEOUT_S = 30.0
+QUEUES_OF_BARGEIN = r"^bargein\."  # what the documented replication policy applies to
 
 
 def product_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, str]:
@@ -46,11 +53,12 @@ def product_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
 
 @dataclass
 class FaultStack:
-    rabbit: PrivateRabbit
+    rabbit: PrivateRabbit  # the node every process connects to first
     redis: PrivateRedis | PrivateSentinelRedis
     cluster: Cluster
     url: str = ""  # the edge's base URL
     edges: list[ServiceProcess] = field(default_factory=list)
+    rabbits: PrivateRabbitCluster | None = None  # all of RabbitMQ, when it is a cluster
 
     def role(self, name: str) -> list[ServiceProcess]:
         """The live processes of one service (``reasoning``, ``speech``, ``broadcast``)."""
@@ -97,20 +105,31 @@ def fault_stack(
     speech: int = 1,
     aof: bool = False,
     sentinel: bool = False,
+    rabbit_nodes: int = 1,
+    rabbit_policy: str | None = None,
     **env: str,
 ) -> Iterator[FaultStack]:
     """Private brokers, then ``reasoning`` reasoning processes, ``speech`` speech processes and one
     edge; everything is stopped at the end, whatever happened. With ``sentinel`` Redis is a
-    master, a replica and a Sentinel, and the services find the master through the Sentinel."""
+    master, a replica and a Sentinel, and the services find the master through the Sentinel.
+    With ``rabbit_nodes`` > 1 RabbitMQ is a cluster of that many nodes, every one of them in
+    ``BARGEIN_RABBITMQ_URL``, and ``rabbit_policy`` (a policy definition, JSON) applies to every
+    queue of bargein's, as an operator sets it (docs/operations.md)."""
     private_redis = (
         PrivateSentinelRedis(base / "redis") if sentinel else PrivateRedis(base / "redis", aof=aof)
     )
-    with PrivateRabbit(base / "rabbitmq") as rabbit, private_redis as redis:
-        environment = product_env(rabbit.url, redis.url, BARGEIN_HOST="127.0.0.1", **env)
+    rabbits = PrivateRabbitCluster(base / "rabbitmq", rabbit_nodes) if rabbit_nodes > 1 else None
+    private_rabbit = rabbits if rabbits is not None else PrivateRabbit(base / "rabbitmq")
+    with private_rabbit, private_redis as redis:
+        rabbit = rabbits.nodes[0] if rabbits is not None else private_rabbit
+        assert isinstance(rabbit, PrivateRabbit)
+        if rabbit_policy is not None:
+            rabbit.set_policy("bargein-replicated", QUEUES_OF_BARGEIN, rabbit_policy)
+        environment = product_env(private_rabbit.url, redis.url, BARGEIN_HOST="127.0.0.1", **env)
         environment.setdefault("BARGEIN_PORT", str(free_port()))
         with Cluster(environment, base / "logs") as cluster:
             (base / "logs").mkdir(exist_ok=True)
-            stack = FaultStack(rabbit, redis, cluster)
+            stack = FaultStack(rabbit, redis, cluster, rabbits=rabbits)
             for _ in range(reasoning):
                 stack.start("reasoning")
             for _ in range(speech):

@@ -63,6 +63,7 @@ from bargein.tools.benchkit import (
     summarize,
     verdict,
 )
+from bargein.transport import amqp_address
 from bargein.transport.abc import EdgeQueue
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_address import async_client
@@ -284,7 +285,7 @@ class _InterruptBench:
         self.redis = client
         self.store = RedisStateStore.from_url(self.redis_url)
         try:
-            self.raw_connection = await aio_pika.connect_robust(
+            self.raw_connection = await amqp_address.connect_robust(
                 self.rabbitmq_url, client_properties={"connection_name": f"bargein-bench-raw-{self.run_id}"}
             )
         except (AMQPError, OSError) as exc:

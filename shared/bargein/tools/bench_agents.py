@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 
-import aio_pika
 import redis.asyncio as aioredis
 from aio_pika.abc import AbstractIncomingMessage
 
@@ -49,6 +48,7 @@ from bargein.tools.bench import (
     raw_hop_queue,
     raw_samples_key,
 )
+from bargein.transport import amqp_address
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.tools.bench")
@@ -175,7 +175,7 @@ async def serve_raw_hop(
         loop.add_reader(fd, on_stdin)
 
     redis_client = aioredis.Redis.from_url(redis_url)
-    connection = await aio_pika.connect(
+    connection = await amqp_address.connect_robust(
         rabbitmq_url, client_properties={"connection_name": f"bargein-bench-rawhop-{run_id}"}
     )
     try:

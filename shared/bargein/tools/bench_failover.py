@@ -22,7 +22,6 @@ import time
 import uuid
 from typing import Any, TextIO
 
-import aio_pika
 import httpx
 import redis.asyncio as aioredis
 import websockets
@@ -45,6 +44,7 @@ from bargein.tools.benchkit import (
     summarize,
     verdict,
 )
+from bargein.transport import amqp_address
 from bargein.wire.names import TIER_REASONING, lease_key
 
 CHUNKS_BEFORE_KILL = 4
@@ -141,7 +141,7 @@ class _FailoverBench:
         try:
             self.redis = aioredis.Redis.from_url(self.redis_url)
             try:
-                self.connection = await aio_pika.connect_robust(self.rabbitmq_url)
+                self.connection = await amqp_address.connect_robust(self.rabbitmq_url)
             except Exception as exc:
                 raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
             await check_work_queue(self.connection, expected_consumers=0)

@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-import aio_pika
 import httpx
 import redis.asyncio as aioredis
 import websockets
@@ -43,6 +42,7 @@ from bargein.tools.benchkit import (
     scripted_stack_env,
     start_service,
 )
+from bargein.transport import amqp_address
 from bargein.wire.names import TIER_REASONING, session_directory_key
 
 log = logging.getLogger("bargein.bench")
@@ -197,7 +197,7 @@ class _SessionsBench:
         try:
             self.redis = aioredis.Redis.from_url(self.redis_url)
             try:
-                connection = await aio_pika.connect_robust(self.rabbitmq_url)
+                connection = await amqp_address.connect_robust(self.rabbitmq_url)
             except Exception as exc:
                 raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
             async with connection:

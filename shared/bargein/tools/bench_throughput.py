@@ -49,6 +49,7 @@ from bargein.tools.benchkit import (
     summarize,
     verdict,
 )
+from bargein.transport import amqp_address
 from bargein.transport.amqp import EDGE_ACK_EVERY
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.envelope import Envelope, encode
@@ -286,7 +287,7 @@ class _ThroughputBench:
 
     async def connect(self) -> None:
         try:
-            self.connection = await aio_pika.connect_robust(
+            self.connection = await amqp_address.connect_robust(
                 self.rabbitmq_url, client_properties={"connection_name": self.owner}
             )
         except Exception as exc:

@@ -46,7 +46,6 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustChannel,
-    AbstractRobustConnection,
     AbstractRobustQueue,
 )
 from aio_pika.exceptions import DeliveryError, PublishError
@@ -62,6 +61,7 @@ from bargein.errors import (
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
 from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
+from bargein.transport.amqp_address import FailoverConnection, connect_robust
 from bargein.wire.envelope import (
     DEFAULT_MAX_BYTES,
     BundleEntry,
@@ -332,7 +332,7 @@ class AmqpTransport(Transport):
         self.audio_mailbox_frames = audio_mailbox_frames
         self.name = name
         self.counters: collections.Counter[str] = Counted("rabbitmq")
-        self._connection: AbstractRobustConnection | None = None
+        self._connection: FailoverConnection | None = None
         self._data: AbstractRobustChannel | None = None
         self._control: AbstractRobustChannel | None = None
         self._consume: AbstractRobustChannel | None = None
@@ -385,7 +385,8 @@ class AmqpTransport(Transport):
     async def start(self) -> None:
         # a short heartbeat: the broker hands a frozen process's unacknowledged message back soon
         # a reconnect every second while the broker is away (aio-pika's default waits 5 s)
-        self._connection = await aio_pika.connect_robust(
+        # several addresses (a cluster's nodes): the first that answers, the next one on a loss
+        self._connection = connection = await connect_robust(
             self.url,
             client_properties={"connection_name": self.name},
             heartbeat=self.heartbeat_s,
@@ -417,7 +418,7 @@ class AmqpTransport(Transport):
         )
         await self._declare_dead_queue()
         self._usable.set()
-        log.info("connected to RabbitMQ as %r; topology declared", self.name)
+        log.info("connected to RabbitMQ at %s as %r; topology declared", connection.address, self.name)
 
     def _on_closed(self, _sender: object, exc: BaseException | None = None) -> None:
         """Called on the loss and again on every failed attempt to reconnect: the loss is told
@@ -442,7 +443,8 @@ class AmqpTransport(Transport):
         self._usable.set()
         self.counters["reconnects"] += 1
         log.info(
-            "reconnected to RabbitMQ as %r after %.1f s; channels and consumers restored",
+            "reconnected to RabbitMQ at %s as %r after %.1f s; channels and consumers restored",
+            self.address,
             self.name,
             time.monotonic() - self._lost_at,
         )
@@ -466,6 +468,11 @@ class AmqpTransport(Transport):
             queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
         await queue.bind(DEAD_EXCHANGE)
         await channel.close()
+
+    @property
+    def address(self) -> str:
+        """The RabbitMQ node this process is connected to (or trying to reach), without a password."""
+        return self._connection.address if self._connection is not None else "(not connected)"
 
     @property
     def connected(self) -> bool:
