@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from bargein import (
     SpeechDelivered,
     UserStartedSpeaking,
     UserStoppedSpeaking,
+    UserTranscriptionReceived,
 )
 from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
@@ -193,6 +195,46 @@ async def test_the_callers_words_around_an_answer_never_heard_reach_the_model_as
         await ask(s, "there?")
         await wait_for(lambda: log.count("start") == 2)
         assert node.context.format_messages() == [{"role": "user", "content": "are you there?"}]
+
+
+async def test_a_turn_whose_interrupt_overtook_it_in_the_mailbox_never_starts() -> None:
+    """Two texts typed while the agent's process was away wait in its mailbox; RabbitMQ hands out
+    control first, so the second's UserStartedSpeaking comes before the first's end of turn. It
+    found nothing to cut, and the first turn then ran in full before the second was answered: two
+    answers where the caller made one utterance (the fault test of a RabbitMQ node restart, now and
+    then). The turn emitted before the interrupt is stale, as one waiting at the barrier is."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        t = time.time()
+        mailbox = [  # as the priority queue hands them out; each stamped when the edge sent it
+            (UserStartedSpeaking(), t),
+            (UserStartedSpeaking(), t + 0.3),
+            (UserTranscriptionReceived(content="are you"), t + 0.1),
+            (UserStoppedSpeaking(), t + 0.2),
+            (UserTranscriptionReceived(content="there?"), t + 0.4),
+            (UserStoppedSpeaking(), t + 0.5),
+        ]
+        for event, sent in mailbox:
+            await s.transport.publish(Envelope.wrap(s.session_id, event, ts=sent, source="edge"), IN)
+        events = await s.collect_turn()
+        assert reply_text(events) == WORDS
+        assert log == ["start", "completed"]  # one answer, to the whole utterance
+        assert s.runtime.counters["triggers_overtaken"] == 1
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.context.format_messages()[0] == {"role": "user", "content": "are you there?"}
+
+
+async def test_an_interrupt_before_a_turn_was_said_leaves_the_turn_alone() -> None:
+    """The usual order: the caller starts speaking while the agent is idle (nothing to cut), then
+    stops; the turn that stop starts was emitted after the interrupt and runs."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        await s.emit(UserStartedSpeaking())
+        await ask(s, "hello")
+        await s.collect_turn()
+        assert log == ["start", "completed"]
+        assert s.runtime.counters["triggers_overtaken"] == 0
 
 
 async def test_late_delivery_report_corrects_the_history() -> None:

@@ -290,6 +290,8 @@ class RouteExecutor:
         self._running: dict[asyncio.Task[None], Work] = {}  # a concurrent route's work under way
         self._cut_in_snapshot: TurnRun | None = None  # see durable_state
         self._unstarted: set[asyncio.Task[None]] = set()  # ... of which not yet run to its first wait
+        # when the latest interrupt that found nothing to cut was emitted: see _overtaken
+        self._uncut_interrupt_at = 0.0
 
     def start(self) -> None:
         self._worker = asyncio.create_task(self._work(), name=f"route:{self.host.session_id}:{self.key}")
@@ -340,6 +342,8 @@ class RouteExecutor:
         if isinstance(message.event, route.matcher.types):
             if self.suspended:
                 self.host.count("triggers_while_suspended")
+            elif self._overtaken(message):
+                self.host.count("triggers_overtaken")
             else:
                 self._enqueue(Work("trigger", message, index))
                 queued = True
@@ -361,6 +365,8 @@ class RouteExecutor:
         """Cut off the running turn (and drop the triggers waiting behind it) if it was started by
         an earlier event and ``condition`` holds. Returns whether a running turn was cut off."""
         if not self._something_to_cut(index):
+            if condition is None:  # (a condition is asked only when there is something to cut)
+                self._uncut_interrupt_at = max(self._uncut_interrupt_at, message.timestamp)
             return False
         if condition is not None:
             ok = await self.host.guard(call_flexible(condition, message), "condition", default=False)
@@ -375,6 +381,17 @@ class RouteExecutor:
             return False  # only a trigger waiting at the barrier was there: dropped, no handler
         await run.interrupt(message, clause)
         return True
+
+    def _overtaken(self, trigger: Message) -> bool:
+        """Whether an interrupt emitted after ``trigger`` was dispatched before it. Control overtakes
+        data that waits in a mailbox (priorities), so when a backlog builds up (the agent's process
+        away, the broker restarting), the start of the caller's next utterance may reach the routes
+        before the end of the one it follows: it found nothing to cut, and the turn it should have
+        cut comes after it. That turn is as stale as one the interrupt found waiting at the barrier
+        (:meth:`_drop_triggers_before`): the caller spoke again. The order is the producers' send
+        times (``Message.timestamp``): the edge's and the speech tier's clocks, within milliseconds
+        of each other, while the reordering spans the backlog."""
+        return trigger.timestamp < self._uncut_interrupt_at
 
     def _something_to_cut(self, index: int) -> bool:
         run = self.active
