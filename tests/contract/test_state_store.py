@@ -205,6 +205,25 @@ async def test_the_directory_names_live_sessions_and_orphans_are_those_nobody_ho
     assert set(mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))) == {lapsing}
 
 
+async def test_sessions_the_directory_lost_are_found_and_written_back_never_over_a_record(
+    store: StateStore, session: Session
+) -> None:
+    """What an edge does after Redis lost its data together with a session's owner: it asks which
+    of its sessions the directory lacks and writes those back; a record that is there stays."""
+    kept, lost = session("kept"), session("lost")
+    await store.register_session(DIRECTORY_TIER, kept, b"the record")
+    assert await store.absent_sessions(DIRECTORY_TIER, [kept, lost]) == [lost]
+    assert await store.absent_sessions(DIRECTORY_TIER, []) == []
+    restored = await store.restore_sessions(DIRECTORY_TIER, {kept: b"an old copy", lost: b"its copy"})
+    assert restored == [lost]
+    assert await store.session_info(DIRECTORY_TIER, kept) == b"the record"
+    assert await store.session_info(DIRECTORY_TIER, lost) == b"its copy"
+    assert await store.absent_sessions(DIRECTORY_TIER, [kept, lost]) == []
+    assert await store.restore_sessions(DIRECTORY_TIER, {}) == []
+    for s in (kept, lost):
+        await store.unregister_session(DIRECTORY_TIER, s)
+
+
 async def test_a_worker_whose_heartbeat_stops_is_dead_and_its_sessions_can_be_taken_over(
     store: StateStore, session: Session
 ) -> None:

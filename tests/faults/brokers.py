@@ -310,20 +310,29 @@ SENTINEL_SERVICE = "bargein"
 
 
 class PrivateSentinelRedis:
-    """``with PrivateSentinelRedis(tmp) as redis:`` a master, a replica and a Sentinel watching
-    them, at ``redis.url`` (``redis+sentinel://``); ``fail_over()`` kills the master and waits
-    until the Sentinel has promoted the replica, as when the master's host dies in production."""
+    """``with PrivateSentinelRedis(tmp) as redis:`` a master, a replica and three Sentinels watching
+    them (two must agree the master is down), at ``redis.url`` (``redis+sentinel://`` naming every
+    Sentinel); ``fail_over()`` kills the master and waits until the Sentinels have promoted the
+    replica, as when the master's host dies in production."""
+
+    SENTINELS = 3
+    QUORUM = 2
 
     def __init__(self, base: Path) -> None:
         self.base = base
         self.master = PrivateRedis(base / "master")
         self.replica = PrivateRedis(base / "replica")
-        self.sentinel_port = 0  # chosen as it first starts, as each server's (PrivateRedis)
-        self.sentinel: subprocess.Popen[bytes] | None = None
+        self.sentinel_ports: list[int] = []  # chosen as they first start, as each server's
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def sentinel_port(self) -> int:
+        return self.sentinel_ports[0]
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{SENTINEL_SERVICE}/0"
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{SENTINEL_SERVICE}/0"
 
     def start(self) -> None:
         self.master.start()
@@ -335,31 +344,33 @@ class PrivateSentinelRedis:
             START_TIMEOUT_S,
             "the replica's link to its master",
         )
-        if not self.sentinel_port:
-            self.sentinel_port = free_port()
-        config = self.base / "sentinel.conf"  # the Sentinel rewrites it: a file of its own
-        config.write_text(
-            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.base}\n"
-            f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.master.port} 1\n"
-            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
-            f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
-        )
-        log_path = self.base / "sentinel.log"
-        with log_path.open("ab") as log:
-            self.sentinel = subprocess.Popen(
-                [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
+        if not self.sentinel_ports:
+            self.sentinel_ports = [free_port() for _ in range(self.SENTINELS)]
+        for i, port in enumerate(self.sentinel_ports):
+            config = self.base / f"sentinel-{i}.conf"  # each Sentinel rewrites its own file
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.base}\n"
+                f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {self.master.port} {self.QUORUM}\n"
+                f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
+                f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
             )
-        _wait(
-            self.sentinel,
-            self._cli(
-                self.sentinel_port, "sentinel", "replicas", SENTINEL_SERVICE, expect=str(self.replica.port)
-            ),
-            START_TIMEOUT_S,
-            "the Sentinel's view of the replica",
-            log_path,
-        )
+            with (self.base / f"sentinel-{i}.log").open("ab") as log:
+                self.sentinels.append(
+                    subprocess.Popen(
+                        [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        for i, (port, sentinel) in enumerate(zip(self.sentinel_ports, self.sentinels, strict=True)):
+            log_path = self.base / f"sentinel-{i}.log"
+            what = f"Sentinel {i}'s view of the replica"
+            probe = self._cli(port, "sentinel", "replicas", SENTINEL_SERVICE, expect=str(self.replica.port))
+            _wait(sentinel, probe, START_TIMEOUT_S, what, log_path)
+            # and of the other Sentinels: a failover needs QUORUM of them to agree
+            listed = f"redis-cli -p {port} sentinel sentinels {SENTINEL_SERVICE} | grep -cx name"
+            probe = ["sh", "-c", f"test $({listed}) -ge {self.SENTINELS - 1}"]
+            _wait(sentinel, probe, START_TIMEOUT_S, f"Sentinel {i}'s view of the others", log_path)
 
     @staticmethod
     def _cli(port: int, *command: str, expect: str) -> list[str]:
@@ -396,13 +407,14 @@ class PrivateSentinelRedis:
         self.start()
 
     def log(self) -> str:
-        return (self.base / "sentinel.log").read_text(errors="replace")
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.base.glob("sentinel-*.log")))
 
     def stop(self) -> None:
-        if self.sentinel is not None and self.sentinel.poll() is None:
-            self.sentinel.terminate()
-            self.sentinel.wait(10)
-        self.sentinel = None
+        for sentinel in self.sentinels:
+            if sentinel.poll() is None:
+                sentinel.terminate()
+                sentinel.wait(10)
+        self.sentinels = []
         self.replica.stop()
         self.master.stop()
 

@@ -86,6 +86,39 @@ async def test_sessions_live_through_a_redis_restart_that_lost_everything(
     stack.start("reasoning")
 
 
+async def test_redis_lost_while_an_owner_dies_no_session_falls_silent(
+    stack: FaultStack, redis: aioredis.Redis
+) -> None:
+    """Two faults at once: Redis restarts empty while the owner of some sessions is killed. The
+    survivor writes its own sessions' records back, as above; the dead owner's records are gone with
+    it, so before the fix nobody knew those sessions any more: their callers, still connected, got
+    no answer and no error, for ever. Now their edge writes the directory entries back
+    (edge/records.py) and a worker adopts them: the call goes on, without the conversation before
+    (the answer is the first reply again), which two lost copies cannot give back."""
+    sessions = [await create_session(stack.url) for _ in range(4)]
+    async with contextlib_all(sessions) as sockets:
+        for ws in sockets:
+            assert await answered(ws, "hello") == DEFAULT_REPLIES[0]
+        victim = await owner_of(redis, stack, sessions[0]["session_id"])
+        orphaned = {
+            i
+            for i, session in enumerate(sessions)
+            if await owner_of(redis, stack, session["session_id"]) == victim
+        }
+        await asyncio.to_thread(stack.redis.stop)
+        victim.kill()
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(stack.redis.start)  # empty: no persistence
+        for i, ws in enumerate(sockets):
+            reply = await answered(ws, "again")
+            assert reply == (DEFAULT_REPLIES[0] if i in orphaned else DEFAULT_REPLIES[1]), i
+        for ws in sockets:  # and from there on every session remembers
+            again = await answered(ws, "and again")
+            assert again in (DEFAULT_REPLIES[1], DEFAULT_REPLIES[2])
+    assert "written back, so a worker takes it up again" in stack.logs()
+    stack.start("reasoning")
+
+
 @pytest.fixture(scope="module")
 def persistent_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     yield from stack_for(tmp_path_factory, "restarts-aof", aof=True)

@@ -85,6 +85,7 @@ from bargein.edge.protocol import (
     UserTranscript,
     frame_json,
 )
+from bargein.edge.records import DirectoryKeeper
 from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.load import LoopLag
@@ -531,6 +532,7 @@ class Edge:
         self.backlog = 0  # chunks waiting for this process in the broker, as last asked
         self.sessions: dict[str, EdgeSession] = {}
         self.counters: collections.Counter[str] = Counted("edge")
+        self.records = DirectoryKeeper(store, self.count)  # to give back what Redis lost with an owner
         self.queue: EdgeQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -609,6 +611,7 @@ class Edge:
         if voice is not None:
             options[VOICE_OPTION] = voice
         info = SessionInfo(session_id, options, edge_reports_delivery=True)
+        self.records.remember(session_id, info.encode())
         # the agent's tier last: by the time it can say anything (or decline the call) all exist
         await create_session(self.transport, self.store, info, tier=TIER_SPEECH)
         await create_session(self.transport, self.store, info, tier=TIER_REASONING)
@@ -690,6 +693,7 @@ class Edge:
 
     async def _forget(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
+        self.records.forget(session_id)
         metrics.SESSIONS.labels("edge").set(len(self.sessions))
         if session is not None and session.voice is not None:
             await session.voice.aclose()
@@ -970,8 +974,10 @@ class Edge:
             )
 
     async def _caller_loop(self) -> None:
-        """Tell the store which sessions have their caller here (their deadline moves on), and end
-        the sessions, wherever their caller was, whose deadline passed (docs/protocol.md, "Leaving")."""
+        """Tell the store which sessions have their caller here (their deadline moves on), end the
+        sessions, wherever their caller was, whose deadline passed (docs/protocol.md, "Leaving"),
+        and give back the directory entries of this edge's callers' sessions that Redis lost
+        together with their owner (``edge/records.py``)."""
         grace = self.settings.reconnect_grace_s
         interval = min(HOUSEKEEPING_S, max(grace / 4, 0.05))
         while True:
@@ -993,6 +999,15 @@ class Edge:
                     await self.end_call(session_id, f"no caller for {grace:g} s")
                 except Exception as exc:  # the broker is away: the owners end it when it goes quiet
                     log.warning("session %s: its end was not told: %s", session_id, exc)
+            live = {
+                sid: max(session.highest_turn, session.fence.interrupted_upto)
+                for sid, session in self.sessions.items()
+                if session.has_caller and not session.ended
+            }
+            try:
+                await self.records.look(live)
+            except Exception as exc:  # the store is away: looked at again next time
+                log.debug("the directory was not looked at: %s", exc)
 
     async def _backlog_loop(self) -> None:
         """Ask the broker how far behind this process is, twice a second."""

@@ -138,6 +138,11 @@ class SessionRuntime(SessionProcessor):
             raise AgentFailedToStart(f"the agent could not start: {type(exc).__name__}: {exc}") from exc
         self._name_nodes()
         restored = await self._restore()
+        if self.session.turns_before > self.last_turn:
+            # given back by its edge after its records were lost (edge/records.py): its turns are
+            # numbered after those the caller had, and a greeting was said then already
+            self.last_turn = self.session.turns_before
+            self.initial_message_sent = True
         for b, bridge in enumerate(self.bridges):
             for r, route in enumerate(bridge.routes_to_run()):
                 executor = RouteExecutor(route, self, f"{b}.{r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -256,6 +256,16 @@ class StateStore(ABC):
     @abstractmethod
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption."""
+
+    @abstractmethod
+    async def absent_sessions(self, tier: Tier, sessions: Collection[str]) -> list[str]:
+        """Those of ``sessions`` the directory of ``tier`` does not hold, in one round trip."""
+
+    @abstractmethod
+    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+        """Register each session of ``records`` (session -> encoded SessionInfo) that the directory
+        does not hold, never overwriting one it does; the sessions written. How an edge gives
+        back a session whose records Redis lost together with its owner."""
 
     # --- worker liveness: a dead worker's sessions are taken over without waiting for each lease ---
 

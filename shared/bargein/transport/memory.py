@@ -20,7 +20,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -573,6 +573,15 @@ class MemoryStateStore(StateStore):
 
     async def session_info(self, tier: Tier, session: str) -> bytes | None:
         return self._directory[tier].get(session)
+
+    async def absent_sessions(self, tier: Tier, sessions: Collection[str]) -> list[str]:
+        return [s for s in sessions if s not in self._directory[tier]]
+
+    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+        directory = self._directory[tier]
+        restored = [s for s in records if s not in directory]
+        directory.update({s: records[s] for s in restored})
+        return restored
 
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         now = time.monotonic()

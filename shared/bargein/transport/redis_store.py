@@ -41,7 +41,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Final, Self
 
 import redis
@@ -338,6 +338,26 @@ class RedisStateStore(StateStore):
     async def session_info(self, tier: Tier, session: str) -> bytes | None:
         info = await self._redis.hget(session_directory_key(tier), session)
         return info if info is None or isinstance(info, bytes) else info.encode()
+
+    async def absent_sessions(self, tier: Tier, sessions: Collection[str]) -> list[str]:
+        names = list(sessions)
+        if not names:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hexists(session_directory_key(tier), name)
+            held = await pipe.execute()
+        return [name for name, there in zip(names, held, strict=True) if not there]
+
+    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+        names = list(records)
+        if not names:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hsetnx(session_directory_key(tier), name, records[name])
+            written = await pipe.execute()
+        return [name for name, wrote in zip(names, written, strict=True) if wrote]
 
     async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
         """Registered sessions of ``tier`` whose lease key does not exist, at most ``limit``.

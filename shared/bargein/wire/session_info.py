@@ -24,20 +24,24 @@ class SessionInfo:
     # True when a client edge reports delivery (SpeechDelivered); then only reported chunks count
     # as heard. Without an edge the record of what was published stands in.
     edge_reports_delivery: bool = False
+    # Turns the caller has had already, when an edge gave the session back after Redis lost its
+    # records together with its owner (edge/records.py): its turns are numbered after them, or the
+    # edge would take the new answers for the old ones and drop them.
+    turns_before: int = 0
 
     @property
     def id(self) -> str:
         return self.session_id
 
     def encode(self) -> bytes:
-        data: bytes = msgpack.packb(
-            {
-                "session_id": self.session_id,
-                "options": self.options,
-                "edge_reports_delivery": self.edge_reports_delivery,
-            },
-            use_bin_type=True,
-        )
+        record: dict[str, Any] = {
+            "session_id": self.session_id,
+            "options": self.options,
+            "edge_reports_delivery": self.edge_reports_delivery,
+        }
+        if self.turns_before:
+            record["turns_before"] = self.turns_before
+        data: bytes = msgpack.packb(record, use_bin_type=True)
         return data
 
     @classmethod
@@ -49,6 +53,7 @@ class SessionInfo:
                 session_id=validate_session_id(data["session_id"]),
                 options=dict(data.get("options") or {}),
                 edge_reports_delivery=bool(data.get("edge_reports_delivery", False)),
+                turns_before=int(data.get("turns_before", 0)),
             )
         except EnvelopeError:
             raise
