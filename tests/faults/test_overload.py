@@ -170,7 +170,7 @@ async def test_one_clients_flood_is_refused_and_costs_no_one_else(stack: FaultSt
 
 def edge_data_queue(stack: FaultStack) -> str:
     """The data queue of the stack's edge process (its owner name is in its log)."""
-    match = re.search(r"connected to RabbitMQ as '([^']+)'", stack.edges[-1].log())
+    match = re.search(r"connected to RabbitMQ at \S+ as '([^']+)'", stack.edges[-1].log())
     assert match, "the edge did not log its name"
     return edge_queue(match.group(1), DATA)
 
