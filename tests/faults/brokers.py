@@ -23,6 +23,7 @@ from types import TracebackType
 from bargein.tools.benchkit import free_port
 
 START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0  # a RabbitMQ node that takes longer to stop is killed
 PROBE_TIMEOUT_S = 5.0  # one probe of a server that is starting
 
 
@@ -75,13 +76,15 @@ class PrivateRabbit:
         )
         return env
 
-    def _ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    def _ctl(
+        self, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             ["rabbitmqctl", "-n", self.node, *args],
             env=self._env(),
             capture_output=True,
             check=check,
-            timeout=120,
+            timeout=timeout,
         )
 
     def start(self) -> None:
@@ -122,11 +125,20 @@ class PrivateRabbit:
     def kill(self) -> None:
         """SIGKILL the node's Erlang VM, as when its machine dies: no goodbye to its clients or to
         the other nodes of a cluster."""
-        pid = int((self.base / "rabbit.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
+        pid = self._pid()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    def _pid(self) -> int | None:
+        try:
+            return int((self.base / "rabbit.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def boot(self) -> None:
         """Start a node that was stopped or killed again, with its data (a cluster member rejoins)."""
@@ -179,7 +191,11 @@ class PrivateRabbit:
         return "\n".join(p.read_text(errors="replace") for p in logs)
 
     def stop(self) -> None:
-        self._ctl("stop", check=False)
+        """Stop the node, and kill it if it will not stop (a cluster member can hang in its stop
+        while it hands hundreds of mirrored queues on): no node outlives its test."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._ctl("stop", check=False, timeout=STOP_TIMEOUT_S)
+        self.kill()
         with contextlib.suppress(OSError):
             self.link.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(self.base / "log", self.link, dirs_exist_ok=True)  # keep the logs with the test's

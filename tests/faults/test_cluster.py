@@ -29,10 +29,12 @@ from tests.faults.test_restarts import answered, log_lines, new_lines
 T = 60.0
 
 # The policy docs/operations.md tells an operator of a RabbitMQ 3.x cluster to set: every queue of
-# bargein's kept on two nodes, a copy made at once, the copy promoted whatever happened.
+# bargein's kept on two nodes, a copy made at once, the copy promoted whatever happened, the leaders
+# spread over the nodes.
 REPLICATED = (
     '{"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic", '
-    '"ha-promote-on-failure": "always", "ha-promote-on-shutdown": "always"}'
+    '"ha-promote-on-failure": "always", "ha-promote-on-shutdown": "always", '
+    '"queue-master-locator": "min-masters"}'
 )
 
 
