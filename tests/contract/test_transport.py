@@ -70,6 +70,20 @@ async def test_a_mailbox_gets_its_sessions_events_of_one_direction_in_order(
     assert contents(seen) == [str(i) for i in range(50)]
 
 
+async def test_a_mailbox_is_there_from_its_declaration_to_its_deletion(bus: Bus, session: Session) -> None:
+    s = session("exists")
+    transport = await bus.transport()
+    assert not await transport.mailbox_exists(s, TIER_SPEECH)
+    await transport.declare_mailbox(s, TIER_SPEECH, IN)
+    assert await transport.mailbox_exists(s, TIER_SPEECH)
+    assert not await transport.mailbox_exists(s, TIER_REASONING)  # each tier has its own
+    await transport.delete_mailbox(s, TIER_SPEECH)
+    assert not await transport.mailbox_exists(s, TIER_SPEECH)
+    await transport.declare_mailbox(s, TIER_REASONING, IN)  # and the transport still works
+    assert await transport.mailbox_exists(s, TIER_REASONING)
+    await transport.delete_mailbox(s, TIER_REASONING)
+
+
 async def test_what_arrives_before_anyone_consumes_waits_and_outlives_a_consumer(
     bus: Bus, session: Session
 ) -> None:

@@ -532,7 +532,7 @@ class Edge:
         self.backlog = 0  # chunks waiting for this process in the broker, as last asked
         self.sessions: dict[str, EdgeSession] = {}
         self.counters: collections.Counter[str] = Counted("edge")
-        self.records = DirectoryKeeper(store, self.count)  # to give back what Redis lost with an owner
+        self.records = DirectoryKeeper(store, transport, self.count)  # what Redis lost with an owner
         self.queue: EdgeQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()

@@ -8,11 +8,12 @@ session is silent for ever although its caller is still connected and its mailbo
 
 The edge is the one process that still knows such a session: its caller is connected here. So the
 edge remembers each session's record (at creation, or on its first look), asks the directory now
-and then which of its live sessions it lacks, and writes back those it has found missing twice in
-a row (a session that just ended has its entry removed a moment before the edge hears ``EndCall``;
-two looks a few seconds apart never mistake that for a loss). A worker then adopts the session as
-an orphan: the call goes on, but without the conversation that the lost owner and the lost Redis
-held between them.
+and then which of its live sessions it lacks, and writes back an entry that was missing twice in a
+row and whose tier's mailbox is still there. A side that ended on purpose deleted its mailbox with
+its entry (its owner found it idle, say); one that Redis lost kept it. And two looks a few seconds
+apart never mistake a session that has just ended (its entry goes a moment before its ``EndCall``
+reaches the edge) for a loss. A worker then adopts the session as an orphan: the call goes on, but
+without the conversation that the lost owner and the lost Redis held between them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
-from bargein.transport.abc import StateStore
+from bargein.transport.abc import StateStore, Transport
 from bargein.wire.names import TIER_REASONING, TIER_SPEECH, Tier
 from bargein.wire.session_info import SessionInfo
 
@@ -33,11 +34,13 @@ TIERS: tuple[Tier, ...] = (TIER_SPEECH, TIER_REASONING)
 class DirectoryKeeper:
     """One edge's copy of its live sessions' directory records, and the looks that use it."""
 
-    def __init__(self, store: StateStore, count: Callable[[str, int], None]) -> None:
+    def __init__(self, store: StateStore, transport: Transport, count: Callable[[str, int], None]) -> None:
         self.store = store
+        self.transport = transport
         self.count = count
         self.records: dict[str, bytes] = {}
         self._missing: set[tuple[Tier, str]] = set()  # found absent at the last look
+        self._ended: set[tuple[Tier, str]] = set()  # absent with their mailbox: ended on purpose
 
     def remember(self, session_id: str, record: bytes) -> None:
         self.records[session_id] = record
@@ -45,6 +48,7 @@ class DirectoryKeeper:
     def forget(self, session_id: str) -> None:
         self.records.pop(session_id, None)
         self._missing = {(tier, s) for tier, s in self._missing if s != session_id}
+        self._ended = {(tier, s) for tier, s in self._ended if s != session_id}
 
     async def look(self, live: Mapping[str, int]) -> list[tuple[Tier, str]]:
         """Check the directory for the ``live`` sessions (a caller connected here, not ended: each
@@ -60,8 +64,16 @@ class DirectoryKeeper:
         missing: set[tuple[Tier, str]] = set()
         written: list[tuple[Tier, str]] = []
         for tier in TIERS:
-            absent = await self.store.absent_sessions(tier, known)
-            confirmed = {s: self._given_back(s, live[s]) for s in absent if (tier, s) in self._missing}
+            absent = [
+                s for s in await self.store.absent_sessions(tier, known) if (tier, s) not in self._ended
+            ]
+            confirmed: dict[str, bytes] = {}
+            for session_id in (s for s in absent if (tier, s) in self._missing):
+                if await self.transport.mailbox_exists(session_id, tier):
+                    confirmed[session_id] = self._given_back(session_id, live[session_id])
+                else:
+                    self._ended.add((tier, session_id))
+                    log.debug("session %s: its %s side ended (no entry, no mailbox)", session_id, tier)
             restored = await self.store.restore_sessions(tier, confirmed) if confirmed else []
             for session_id in restored:
                 written.append((tier, session_id))
@@ -73,7 +85,7 @@ class DirectoryKeeper:
                     session_id,
                     tier,
                 )
-            missing.update((tier, s) for s in absent if s not in confirmed)
+            missing.update((tier, s) for s in absent if s not in confirmed and (tier, s) not in self._ended)
         self._missing = missing
         return written
 

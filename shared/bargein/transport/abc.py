@@ -92,6 +92,11 @@ class Transport(ABC):
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         """Remove a finished session's mailbox."""
 
+    @abstractmethod
+    async def mailbox_exists(self, session: str, tier: Tier) -> bool:
+        """Whether ``tier``'s mailbox for ``session`` is there: a session whose side ended on purpose
+        has had it deleted; one whose records Redis lost still has it."""
+
     # --- session starts: a shared work queue per tier (competing consumers) ----------------------
 
     @abstractmethod

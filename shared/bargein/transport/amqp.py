@@ -850,6 +850,19 @@ class AmqpTransport(Transport):
         except Exception as exc:
             log.debug("deleting mailbox %s/%s: %s", tier, session, exc)
 
+    async def mailbox_exists(self, session: str, tier: Tier) -> bool:
+        """A passive declare, on a channel of its own: RabbitMQ closes the channel that asks about
+        a queue it does not have (or whose node is gone)."""
+        channel = await self._need(self._connection).channel(publisher_confirms=False)
+        try:
+            await channel.declare_queue(mailbox_queue(tier, session), passive=True, robust=False)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        return True
+
     async def _reject(self, message: AbstractIncomingMessage, reason: str, error: str, queue: str) -> None:
         """Dead-letter with a reason and acknowledge."""
         try:

@@ -466,6 +466,9 @@ class MemoryTransport(Transport):
         if box is not None:
             await box.stop()
 
+    async def mailbox_exists(self, session: str, tier: Tier) -> bool:
+        return mailbox_queue(tier, session) in self.broker.mailboxes
+
     async def close(self) -> None:
         for box in list(self.broker.mailboxes.values()):
             await box.stop()
