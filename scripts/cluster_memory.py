@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' stack, from a checkout
 
+from bargein.tools.bench_sessions import rabbitmq_bytes
 from tests.faults.brokers import PrivateRabbit
 from tests.faults.stack import fault_stack
 from tests.faults.test_cluster import REPLICATED
@@ -33,8 +33,10 @@ SETTLE_S = 5.0  # for the broker's memory to settle before and after
 
 
 def node_memory(node: PrivateRabbit) -> int:
-    status = json.loads(node._ctl("-q", "status", "--formatter", "json").stdout)
-    return int(status["memory"]["total"]["erlang"])
+    memory = rabbitmq_bytes(node.node)
+    if memory is None:
+        raise RuntimeError(f"rabbitmqctl could not tell the memory of {node.node}")
+    return memory
 
 
 async def create_sessions(edge: str, count: int, concurrency: int = 20) -> float:

@@ -22,13 +22,12 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
+from bargein.hosting.sessions import TIERS
 from bargein.transport.abc import StateStore, Transport
-from bargein.wire.names import TIER_REASONING, TIER_SPEECH, Tier
+from bargein.wire.names import TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.edge")
-
-TIERS: tuple[Tier, ...] = (TIER_SPEECH, TIER_REASONING)
 
 
 class DirectoryKeeper:

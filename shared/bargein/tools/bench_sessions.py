@@ -68,14 +68,16 @@ def rss_bytes(pid: int) -> int | None:
 RABBITMQCTL_TRIES = 3
 
 
-def rabbitmq_bytes() -> int | None:
-    """The memory the RabbitMQ node uses, if ``rabbitmqctl`` is here and may talk to it."""
+def rabbitmq_bytes(node: str | None = None) -> int | None:
+    """The memory the RabbitMQ node uses (``node``: another than the CLI's default), if
+    ``rabbitmqctl`` is here and may talk to it."""
     if shutil.which("rabbitmqctl") is None:
         return None
+    which = ["-n", node] if node is not None else []
     for attempt in range(RABBITMQCTL_TRIES):
         try:
             done = subprocess.run(
-                ["rabbitmqctl", "-q", "status", "--formatter", "json"],
+                ["rabbitmqctl", *which, "-q", "status", "--formatter", "json"],
                 capture_output=True,
                 timeout=30,
                 check=True,
