@@ -88,6 +88,16 @@ async def take_chunks(ws: ClientConnection, n: int, frames: list[Frame]) -> None
         frames.append(await recv(ws, T))
 
 
+async def arrives_whole(ws: ClientConnection, log: list[Frame], reply: str, timeout: float = T) -> None:
+    """The answer under way (its frames so far in ``log``) ends, with no error frame: all of
+    ``reply`` (nothing missing), its chunks numbered 0, 1, 2... (nothing repeated)."""
+    done = await until(ws, "turn_complete", log, timeout)
+    assert not [f for f in log if f["type"] == "error"], log
+    assert text_of(log, turn=done["turn"]) == reply
+    seqs = [f["seq"] for f in log if f["type"] == "agent_chunk"]
+    assert seqs == list(range(len(seqs)))
+
+
 async def test_a_draining_owner_lets_its_answers_finish_then_hands_its_sessions_over(
     stack: FaultStack, redis: aioredis.Redis
 ) -> None:
