@@ -31,6 +31,8 @@ import soxr
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from bargein.edge.carriers.codec import G722
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
@@ -46,7 +48,11 @@ def twilio_signature(auth_token: str, url: str, params: dict[str, str]) -> str:
 
 
 def to_line(pcm16k: bytes, encoding: str = "PCMU") -> bytes:
-    """16 kHz PCM16 → the 8 kHz G.711 a phone line carries (μ-law, or A-law for PCMA)."""
+    """16 kHz PCM16 → what a phone line carries: 8 kHz G.711 (μ-law, or A-law for PCMA), or G.722
+    (16 kHz, 64 kbit/s: 160 bytes every 20 ms like G.711)."""
+    if encoding == "G722":
+        encoder = G722("w")
+        return b"".join(encoder.encode(pcm16k[i : i + 640]) for i in range(0, len(pcm16k), 640))
     samples = np.asarray(soxr.resample(np.frombuffer(pcm16k, dtype="<i2"), 16000, 8000), dtype="<i2")
     encode = audioop.lin2alaw if encoding == "PCMA" else audioop.lin2ulaw
     return encode(samples.tobytes(), 2)
@@ -180,9 +186,7 @@ class MediaStream:
 
     async def speak(self, pcm16k: bytes, then_silence_s: float = 0.0) -> None:
         """The caller's audio, at real time, then silence (the line never goes quiet in bytes)."""
-        line = to_line(pcm16k, self.encoding) + (b"\xd5" if self.encoding == "PCMA" else b"\xff") * int(
-            then_silence_s * 8000
-        )
+        line = to_line(pcm16k + bytes(2 * int(then_silence_s * 16000)), self.encoding)
         started = time.monotonic()
         for chunk, offset in enumerate(range(0, len(line), FRAME_BYTES), start=1):
             payload = base64.b64encode(line[offset : offset + FRAME_BYTES]).decode()

@@ -264,11 +264,12 @@ async def test_key_presses_reach_the_agent(stack: str) -> None:
         await until(lambda: loud(bytes(call.played)), what="the answer to the keys is never heard")
 
 
-@pytest.mark.parametrize("encoding", ["PCMU", "PCMA"])
+@pytest.mark.parametrize("encoding", ["PCMU", "PCMA", "G722"])
 async def test_a_telnyx_call_is_heard_and_answered_and_its_hang_up_ends_it(
     stack: str, redis_url: str, encoding: str
 ) -> None:
-    # PCMA: a European call Telnyx could not transcode to the μ-law the markup asks for
+    # PCMA: a European call Telnyx could not transcode to the μ-law the markup asks for; G722: an
+    # HD-voice call, likewise
     answer = await ring_telnyx(stack, TELNYX_KEY)
     assert "?" not in answer.stream_url, "the caller token must not ride in the stream URL"
     session_id = answer.parameters["session"]

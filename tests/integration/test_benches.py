@@ -149,6 +149,9 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
     assert "false cuts" in e2e and "first agent audio" in e2e, e2e
     assert "agent's audio stopped" in e2e or "false cuts: 1 of 1" in e2e, e2e  # cut, or no barge-in said
     assert "synthesis request → audio" in e2e, e2e
+    # a phone line beside the web, the same questions: both answered, the gap reported
+    assert "web callers (1 rounds)" in e2e and "phone callers (1 rounds)" in e2e, e2e
+    assert re.search(r"the phone's turn latency over the web's \(p50\): [+-]\d+ ms", e2e), e2e
     sessions = "\n".join(outcomes["sessions"]["output"])
     assert re.search(r"sessions created per second \(with the first answer\): \d", sessions), sessions
     for service in ("reasoning", "speech", "broadcast", "rabbitmq", "redis"):  # each measured here

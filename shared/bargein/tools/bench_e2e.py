@@ -25,9 +25,12 @@ server when ``BARGEIN_TTS_BASE_URL`` is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -51,6 +54,7 @@ from bargein.tools.benchkit import (
     verdict,
 )
 from bargein.tools.call import ONSET_DBFS, frame_dbfs
+from bargein.tools.phone_caller import PhoneCaller
 from bargein.voice.engines import Synthesizer
 from bargein.voice.espeak import EspeakSynthesizer
 from bargein.voice.openai_tts import OpenAISynthesizer
@@ -68,6 +72,9 @@ INTERRUPTIONS = (
     "Hold on, that is not what I asked about.",
 )
 STOP_TARGET_MS = 120.0
+PHONE_GAP_TARGET_MS = 150.0  # the phone's turn latency over the web's (p50), same agent and questions
+WEB, PHONE = "web", "phone"
+LINES = (WEB, PHONE)
 DEAD_AIR_TARGETS_MS = (300.0, 500.0)  # p50, p95: the end of a backchannel → the agent's voice again
 ROUND_TIMEOUT_S = 30.0
 LISTEN_BEFORE_S = 1.0  # of the agent's voice before the caller says something over it
@@ -147,6 +154,7 @@ class _E2EBench:
         callers: int,
         rounds: int,
         soft_pause_ms: float | None,
+        lines: tuple[str, ...],
         rabbitmq_url: str,
         redis_url: str,
         out: TextIO,
@@ -154,23 +162,38 @@ class _E2EBench:
         self.n_callers = callers
         self.soft_pause_ms = soft_pause_ms
         self.n_rounds = rounds
+        self.lines = lines
         self.rabbitmq_url = rabbitmq_url
         self.redis_url = redis_url
         self.out = out
         self.processes = Processes(out)
-        self.env = scripted_stack_env(rabbitmq_url, redis_url, BARGEIN_TTS="espeak")
+        self.twilio_token = secrets.token_hex(16)  # the simulated carrier's, for this run only
+        self.env = scripted_stack_env(
+            rabbitmq_url, redis_url, BARGEIN_TTS="espeak", BARGEIN_TWILIO_AUTH_TOKEN=self.twilio_token
+        )
         self.edge: Child | None = None
         self.session_ids: list[str] = []
         self.voice = EspeakSynthesizer(CALLER_VOICE)
 
-    async def one_caller(self, index: int, client: httpx.AsyncClient) -> list[Round]:
+    @contextlib.asynccontextmanager
+    async def _caller(self, line: str, client: httpx.AsyncClient) -> AsyncIterator[AudioCaller]:
+        """A caller in a session of its own: a web client, or a phone call through the carrier."""
         assert self.edge is not None
-        rng = random.Random(index)
+        if line == PHONE:
+            async with PhoneCaller.dialled(self.edge.url, self.twilio_token) as phone:
+                self.session_ids.append(phone.session_id)
+                yield phone
+            return
         body = {} if self.soft_pause_ms is None else {"turn_taking": {"soft_pause_ms": self.soft_pause_ms}}
         created = (await client.post(f"{self.edge.url}/v1/sessions", json=body)).json()
         self.session_ids.append(created["session_id"])
+        async with AudioCaller.joined(created["ws_url"], created["token"]) as web:
+            yield web
+
+    async def one_caller(self, index: int, line: str, client: httpx.AsyncClient) -> list[Round]:
+        rng = random.Random(index)  # caller i asks the same questions on either line
         rounds: list[Round] = []
-        async with AudioCaller.joined(created["ws_url"], created["token"]) as caller:
+        async with self._caller(line, client) as caller:
             await asyncio.sleep(1.0)  # the speech tier owns the session and hears silence first
             for i in range(self.n_rounds):
                 result = Round()
@@ -206,7 +229,7 @@ class _E2EBench:
                 # let the answer play out before the next round
                 await _quiet(caller)
                 rounds.append(result)
-                self.say(f"  caller {index + 1} round {i + 1}: {self._line(result)}")
+                self.say(f"  {line} caller {index + 1} round {i + 1}: {self._line(result)}")
         return rounds
 
     @staticmethod
@@ -245,30 +268,60 @@ class _E2EBench:
     async def run(self) -> dict[str, Any]:
         pause = "the default" if self.soft_pause_ms is None else f"{self.soft_pause_ms:g} ms"
         self.say(
-            f"bench e2e: {self.n_callers} callers, {self.n_rounds} rounds each, over the agent's voice"
-            f" (soft pause after {pause} of voice)"
+            f"bench e2e: {self.n_callers} callers on each of {' and '.join(self.lines)},"
+            f" {self.n_rounds} rounds each, over the agent's voice (soft pause after {pause} of voice"
+            + (", the phone's the default" if self.soft_pause_ms is not None and PHONE in self.lines else "")
+            + ")"
         )
         try:
             await start_service(self.processes, "reasoning", "reasoning", self.env)
             await start_service(self.processes, "speech", "speech", self.env)
             self.edge = await start_service(self.processes, "broadcast", "edge", self.env)
+            per_line: dict[str, list[Round]] = {}
             async with httpx.AsyncClient(timeout=ROUND_TIMEOUT_S) as client:
-                try:
-                    per_caller = await asyncio.gather(
-                        *(self.one_caller(i, client) for i in range(self.n_callers))
-                    )
-                except TimeoutError:
-                    raise stalled(
-                        self.processes, f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s"
-                    ) from None
-            rounds = [r for caller in per_caller for r in caller]
+                for line in self.lines:  # one line after the other: the same load on each
+                    try:
+                        per_caller = await asyncio.gather(
+                            *(self.one_caller(i, line, client) for i in range(self.n_callers))
+                        )
+                    except TimeoutError:
+                        raise stalled(
+                            self.processes, f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s"
+                        ) from None
+                    per_line[line] = [r for caller in per_caller for r in caller]
             engines = await self.engines()
-            return self.report(rounds, engines)
+            return self.report(per_line, engines)
         finally:
             await self.processes.stop()
             await forget_sessions(self.rabbitmq_url, self.redis_url, self.session_ids, self.out)
 
-    def report(self, rounds: list[Round], engines: dict[str, Any]) -> dict[str, Any]:
+    def report(self, per_line: dict[str, list[Round]], engines: dict[str, Any]) -> dict[str, Any]:
+        numbers = {}
+        for line, rounds in per_line.items():
+            self.say("")
+            self.say(f"  {line} callers ({len(rounds)} rounds):")
+            numbers[line] = self.measure(rounds)
+        result: dict[str, Any] = {**numbers[self.lines[0]], "lines": numbers, "engines": engines}
+        if WEB in numbers and PHONE in numbers:
+            gap = numbers[PHONE]["turn_latency"]["p50_ms"] - numbers[WEB]["turn_latency"]["p50_ms"]
+            result["phone_minus_web_ms"] = gap
+            self.say("")
+            self.say(
+                f"  the phone's turn latency over the web's (p50): {gap:+.0f} ms"
+                f" (target ≤ {PHONE_GAP_TARGET_MS:.0f} ms: {verdict(gap <= PHONE_GAP_TARGET_MS)})"
+            )
+        for name, engine in engines.items():
+            if isinstance(engine, dict):
+                self.say(
+                    f"  {name}: synthesis request → audio p50 {engine['p50_ms']:.1f} ms"
+                    f" for {engine['audio_s']} s of speech"
+                )
+            else:
+                self.say(f"  {name}: {engine}")
+        return result
+
+    def measure(self, rounds: list[Round]) -> dict[str, Any]:
+        """One line's numbers, printed as they are read."""
         stops = sorted(r.stop_s for r in rounds if r.stop_s is not None)
         latencies = [s for r in rounds for s in r.turn_latency_s]
         false_cuts = sum(r.false_cut for r in rounds)
@@ -281,7 +334,7 @@ class _E2EBench:
         resumed = sum(r.backchannel_resumed for r in rounds)
         dead_air = sorted(r.dead_air_s * 1000 for r in rounds if r.dead_air_s is not None)
         turn = summarize(latencies)
-        lines = [""]
+        lines = []
         if stop is not None:
             p95 = percentile(sorted(s * 1000 for s in stops), 95)
             lines.append(
@@ -306,14 +359,6 @@ class _E2EBench:
                 f" {dead['p50_ms']:.0f} ms, p95 {dead['p95_ms']:.0f} ms (targets ≤ {p50_target:.0f}"
                 f" / ≤ {p95_target:.0f} ms: {verdict(dead_met)})"
             )
-        for name, numbers in engines.items():
-            if isinstance(numbers, dict):
-                lines.append(
-                    f"  {name}: synthesis request → audio p50 {numbers['p50_ms']:.1f} ms"
-                    f" for {numbers['audio_s']} s of speech"
-                )
-            else:
-                lines.append(f"  {name}: {numbers}")
         for line in lines:
             self.say(line)
         return {
@@ -326,7 +371,6 @@ class _E2EBench:
             "false_cuts_misheard": len(misheard),
             "resumed": resumed,
             "dead_air": dead,
-            "engines": engines,
         }
 
 
@@ -334,6 +378,7 @@ async def run_e2e_bench(
     callers: int = 2,
     rounds: int = 5,
     soft_pause_ms: float | None = None,
+    lines: tuple[str, ...] = LINES,
     rabbitmq_url: str | None = None,
     redis_url: str | None = None,
     out: TextIO | None = None,
@@ -341,11 +386,14 @@ async def run_e2e_bench(
     """Run the bench and return its numbers (also printed to ``out``, default stdout)."""
     if callers < 1 or rounds < 1:
         raise ValueError("callers and rounds must be at least 1")
+    if not lines or set(lines) - set(LINES):
+        raise ValueError(f"lines must be some of {', '.join(LINES)}")
     broker = load(BrokerSettings)
     bench = _E2EBench(
         callers=callers,
         rounds=rounds,
         soft_pause_ms=soft_pause_ms,
+        lines=lines,
         rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
         redis_url=redis_url or broker.redis_url,
         out=out if out is not None else sys.stdout,
@@ -353,6 +401,8 @@ async def run_e2e_bench(
     return await bench.run()
 
 
-def e2e_main(callers: int = 2, rounds: int = 5, soft_pause_ms: float | None = None) -> int:
+def e2e_main(
+    callers: int = 2, rounds: int = 5, soft_pause_ms: float | None = None, lines: tuple[str, ...] = LINES
+) -> int:
     """``bargein bench e2e``: run the bench, print the report."""
-    return run_main(lambda: run_e2e_bench(callers, rounds, soft_pause_ms), "e2e")
+    return run_main(lambda: run_e2e_bench(callers, rounds, soft_pause_ms, lines), "e2e")

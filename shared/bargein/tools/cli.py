@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--soft-pause-ms", type=float, metavar="MS", help="the sessions' soft_pause_ms (default: the setting)"
     )
+    e2e.add_argument(
+        "--lines",
+        type=_lines,
+        default=("web", "phone"),
+        help="comma-separated: web (audio=pcm16 clients), phone (a simulated Twilio line); default both",
+    )
     peers = bench_sub.add_parser(
         "peers", help="bargein beside Line 0.1.12 and Pipecat 1.14: interrupt latency, CPU per chunk"
     )
@@ -220,6 +226,13 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _lines(text: str) -> tuple[str, ...]:
+    lines = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not lines or set(lines) - {"web", "phone"}:
+        raise argparse.ArgumentTypeError(f"must be web, phone or both (comma-separated), got {text!r}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
-            return e2e_main(args.callers, args.rounds, args.soft_pause_ms)
+            return e2e_main(args.callers, args.rounds, args.soft_pause_ms, args.lines)
         if args.command == "bench" and args.bench == "peers":
             from bargein.tools.bench_peers import main as peers_main
 

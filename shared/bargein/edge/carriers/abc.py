@@ -26,7 +26,7 @@ class CarrierError(ValueError):
     """A message or request the carrier's protocol does not allow (counted, never fatal)."""
 
 
-LINE_CODECS = ("PCMU", "PCMA")  # what a stream may carry to us: G.711 μ-law or A-law, 8 kHz
+LINE_CODECS = ("PCMU", "PCMA", "G722")  # what a stream may carry to us: G.711 μ-law or A-law, or G.722
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class StreamStarted:
 
 @dataclass(frozen=True)
 class CallerAudio:
-    payload: bytes  # G.711 at 8 kHz, mono, in the stream's encoding (StreamStarted.encoding)
+    payload: bytes  # mono, in the stream's encoding (StreamStarted.encoding)
 
 
 @dataclass(frozen=True)

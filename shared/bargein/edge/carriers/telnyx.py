@@ -6,7 +6,8 @@ it is the second carrier:
   to Telnyx name no stream;
 * ``<Stream codec="PCMU">`` asks Telnyx to hand us μ-law whatever the call's codec; it can
   transcode only between PCMU and PCMA, so a ``start`` may still announce PCMA (taken, and
-  decoded as A-law) or another codec (G.722, Opus, AMR-WB: refused, with the reason logged);
+  decoded as A-law), G.722 (an HD-voice call: taken, and decoded at its 16 kHz) or another codec
+  (Opus, AMR-WB: refused, with the reason logged);
 * the session and its token go in as ``<Parameter>`` children, which Telnyx hands back in
   ``start.custom_parameters`` (never in the stream URL, where proxies log it);
 * status callbacks come as TeXML's form posts (``CallStatus``, ``StreamEvent``, as Twilio's) or,
@@ -124,7 +125,7 @@ class Telnyx(Carrier):
             if encoding not in LINE_CODECS:
                 raise CarrierError(
                     f"the stream is {encoding}, which Telnyx could not transcode to PCMU; "
-                    f"bargein takes {' or '.join(LINE_CODECS)} (set the number's codecs to G.711)"
+                    f"bargein takes {', '.join(LINE_CODECS)} (set the number's codecs to G.711 or G.722)"
                 )
             return StreamStarted(
                 stream_id=text_of(message.get("stream_id"), "stream_id"),
