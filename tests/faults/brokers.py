@@ -134,6 +134,20 @@ class PrivateRabbit:
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def freeze(self) -> None:
+        """SIGSTOP the node's Erlang VM, as a machine that stalls (a hung disk, a VM paused by its
+        host): its sockets stay open and nothing answers; :meth:`thaw` lets it go on."""
+        pid = self._pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        pid = self._pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def _pid(self) -> int | None:
         try:
             return int((self.base / "rabbit.pid").read_text().split()[0])
@@ -193,6 +207,7 @@ class PrivateRabbit:
     def stop(self) -> None:
         """Stop the node, and kill it if it will not stop (a cluster member can hang in its stop
         while it hands hundreds of mirrored queues on): no node outlives its test."""
+        self.thaw()  # a node a failed test left frozen stops too
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._ctl("stop", check=False, timeout=STOP_TIMEOUT_S)
         self.kill()

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -228,3 +229,45 @@ async def test_callers_on_one_edge_queue_each_hear_their_own_session(pool: Pool)
     await a.emit(UserStoppedSpeaking())
     assert reply_text(await a.collect_turn()) == REPLY
     await edge.cancel()
+
+
+class StalledCaller(Caller):
+    """A caller whose edge stops taking the session's output while ``flowing`` is clear."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+
+    async def receive(self, envelope: Envelope, event: Event) -> None:
+        await self.flowing.wait()
+        await super().receive(envelope, event)
+
+
+async def test_a_turn_whose_output_finds_no_broker_for_longer_than_the_wait_goes_on_after_it() -> None:
+    """The transport gives a publish up after BARGEIN_BROKER_WAIT_S (here: its caller's queue stays
+    full, as when RabbitMQ cannot take anything); the owner still holds the lease, so the turn waits
+    and goes on, whole, instead of failing (a frozen RabbitMQ node ended every answer in flight)."""
+    broker, store = MemoryBroker(), MemoryStateStore()
+    host = SessionHost.for_agent(MemoryTransport(broker, broker_wait_s=0.2), store, agent, owner="w1")
+    worker = Worker(host, adopt_interval_s=0.05, status_interval_s=60)
+    await worker.start()
+    client = MemoryTransport(broker, queue_max_messages=2)
+    caller = StalledCaller(client, new_session_id(), settle=broker.settle)
+    await caller.attach()
+    await create_session(client, store, SessionInfo(caller.session_id, edge_reports_delivery=True))
+    try:
+        await wait_for(lambda: caller.session_id in host.sessions)
+        await caller.emit(UserStoppedSpeaking())
+        heard = "".join(await take_chunks(caller, 2))
+        caller.flowing.clear()
+        runtime = host.sessions[caller.session_id].runtime
+        assert isinstance(runtime, SessionRuntime)
+        await wait_for(lambda: runtime.counters["output_waited_for_broker"] == 1)
+        await asyncio.sleep(0.5)  # more than twice the transport's wait
+        caller.flowing.set()
+        rest = await caller.collect_turn()
+        assert heard + reply_text(rest) == REPLY
+        assert not runtime.counters["route_errors"]
+    finally:
+        await worker.drain()

@@ -54,7 +54,14 @@ from bargein.agent.events import (
 from bargein.agent.message import Message, Source
 from bargein.agent.nodes import Node, ReasoningNode
 from bargein.agent.routes import Bridge
-from bargein.errors import AgentFailedToStart, NotOwner, SessionRejected, StaleEpochError, UnroutableError
+from bargein.errors import (
+    AgentFailedToStart,
+    BrokerUnavailable,
+    NotOwner,
+    SessionRejected,
+    StaleEpochError,
+    UnroutableError,
+)
 from bargein.metrics import Counted
 from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
@@ -67,6 +74,8 @@ from bargein.wire.names import OUT, TIER_REASONING, Tier
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.runtime")
+
+OUTPUT_RETRY_S = 0.5  # a turn's output that found no broker tries again this soon
 
 T = TypeVar("T")
 
@@ -502,7 +511,7 @@ class SessionRuntime(SessionProcessor):
         if to_caller:
             if isinstance(event, AgentResponse):
                 self.ledger.published(turn, seq, event.content)
-            await self.transport.publish(envelope, OUT)
+            await self._publish_while_owned(envelope)
             self.count("published")
             if seq == 0 and not run.resumed:
                 metrics.TURN_TO_FIRST_CHUNK.observe(metrics.since(run.trigger.timestamp))
@@ -512,6 +521,43 @@ class SessionRuntime(SessionProcessor):
         # which is the common case and keeps a busy worker's event loop free for interrupts
         if self._heard_by_bridges(type(event)):
             self._inbox.put_nowait(message_of(envelope, event))
+
+    async def _publish_while_owned(self, envelope: Envelope) -> None:
+        """Publish a turn's output, waiting for the broker for as long as this process owns the
+        session. The transport gives up after ``BARGEIN_BROKER_WAIT_S``; a turn does not: nobody
+        else may speak for the session while this process holds its lease (kept in Redis, not in
+        the broker), so a failed turn would leave the caller with half an answer and no word. A
+        RabbitMQ node that froze for longer than that wait (its sockets open, so nobody is told)
+        failed every answer in flight; now they go on once it thaws, or once the process has moved
+        to another node. An interrupt still cuts the turn while it waits (it cancels the task), and
+        the session's close ends the wait. A chunk the broker took before it stalled, sent again,
+        is dropped by the edge's fence (its number is not new)."""
+        waited_since = None
+        while True:
+            try:
+                await self.transport.publish(envelope, OUT)
+            except BrokerUnavailable as exc:
+                if self.closed:
+                    raise
+                if waited_since is None:
+                    waited_since = time.monotonic()
+                    self.count("output_waited_for_broker")
+                    log.warning(
+                        "session %s turn %s: its output waits for RabbitMQ (%s); it goes on when it is back",
+                        self.session_id,
+                        envelope.turn,
+                        exc,
+                    )
+                await asyncio.sleep(OUTPUT_RETRY_S)
+                continue
+            if waited_since is not None:
+                log.info(
+                    "session %s turn %s: output flows again after %.1f s",
+                    self.session_id,
+                    envelope.turn,
+                    time.monotonic() - waited_since,
+                )
+            return
 
     def unconditional_interrupts(self) -> set[str]:
         """Events that always cut off a turn the caller hears (no condition on the clause)."""
