@@ -11,9 +11,17 @@ from __future__ import annotations
 import io
 import math
 
+import aio_pika
+import pytest
 import redis
 
-from bargein.tools.bench import interrupt_samples_key, raw_samples_key, run_interrupt_bench
+from bargein.tools.bench import (
+    busy_hop_queue,
+    busy_samples_key,
+    interrupt_samples_key,
+    raw_samples_key,
+    run_interrupt_bench,
+)
 from bargein.wire.names import TIER_REASONING, session_directory_key
 
 SESSIONS = 10
@@ -38,11 +46,15 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
     # reports before reading them
     assert result["interrupt"]["count"] == SAMPLES, report
     assert result["raw"]["count"] == SAMPLES, report
-    for row in ("interrupt", "raw"):
+    assert result["busy_raw"]["count"] == SAMPLES, report  # the busy baseline: the same delivery
+    for row in ("interrupt", "raw", "busy_raw"):
         numbers = result[row]
         assert 0 < numbers["p50_ms"] <= numbers["p99_ms"] <= numbers["max_ms"], numbers
         assert math.isfinite(numbers["max_ms"]), numbers
     assert result["ratio_p50"] > 0 and result["ratio_p99"] > 0
+    assert result["busy_ratio_p50"] > 0 and result["busy_ratio_p99"] > 0
+    assert isinstance(result["busy_p50_met"], bool) and 0 < result["busy_cores"] < 1.5
+    assert result["busy_chunks_per_s"] > 0  # it was busy: its chunks reached the bench
     assert isinstance(result["p50_met"], bool) and isinstance(result["p99_met"], bool)
     assert result["sessions"] == SESSIONS and result["workers"] == 1
     assert result["chunks_per_s"] > 0
@@ -52,6 +64,7 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
 
     assert "interrupt → CancelledError" in report
     assert "raw publish → consume" in report
+    assert "busy raw: the same delivery" in report and "against the busy raw baseline" in report
     assert "ratio p50" in report and "ratio p99" in report
     assert "all 10 streaming" in report
 
@@ -59,7 +72,7 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
     client = redis.Redis.from_url(redis_url)
     try:
         run = result["run_id"]
-        assert not client.exists(interrupt_samples_key(run), raw_samples_key(run))
+        assert not client.exists(interrupt_samples_key(run), raw_samples_key(run), busy_samples_key(run))
         leftovers = [
             name
             for name in client.hkeys(session_directory_key(TIER_REASONING))
@@ -68,3 +81,10 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
         assert leftovers == []
     finally:
         client.close()
+    # and the busy baseline's durable queue is gone
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await (await connection.channel()).declare_queue(busy_hop_queue(run), passive=True)
+    finally:
+        await connection.close()

@@ -4,7 +4,9 @@
   every ``UserStoppedSpeaking`` starts a generation that streams until it is interrupted, and the
   node reports how long each interrupt took to reach the generator as a ``CancelledError``.
 * ``python -m bargein.tools.bench_agents RUN_ID`` is the baseline: a bare aio-pika consumer that measures
-  the raw publish → consume hop of the same broker, on the same machine, during the same run.
+  the raw publish → consume hop of the same broker, on the same machine, during the same run;
+  with ``--busy`` it is the busy baseline: the same delivery an interrupt gets (persistent, with
+  priority, acknowledged) to a process that sends as many chunks as the bench's workers meanwhile.
 
 Both measure with ``time.time()`` against a timestamp the bench process took just before publishing,
 so both numbers are process → broker → process on one clock, and their ratio is what the bench's
@@ -25,9 +27,11 @@ import struct
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+import aio_pika
 import redis.asyncio as aioredis
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from bargein.agent.context import ConversationContext
 from bargein.agent.events import AgentResponse, Event, UserStartedSpeaking, UserStoppedSpeaking
@@ -44,11 +48,15 @@ from bargein.tools.bench import (
     RAW_HOP_BODY,
     RAW_HOP_READY,
     SAMPLES_TTL_S,
+    busy_hop_queue,
+    busy_samples_key,
+    busy_sink_queue,
     interrupt_samples_key,
     raw_hop_queue,
     raw_samples_key,
 )
 from bargein.transport import amqp_address
+from bargein.wire.names import PRIORITY_CONTROL
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.tools.bench")
@@ -151,15 +159,92 @@ def agent(session: SessionInfo) -> Bridge:
 # --- the raw-hop consumer -----------------------------------------------------------------------
 
 
+BUSY_EXPIRY_MS = 600_000  # the busy baseline's queue, if its process dies before deleting it
+
+
+@dataclass(frozen=True)
+class ChunkLoad:
+    """What keeps the busy raw consumer as busy as a bench worker: ``sessions`` streams, each
+    sending ``words`` words every ``period_s`` and waiting for RabbitMQ's confirm, as the bench
+    agent's generations do (one message a chunk: no bundling, which bargein's workers do)."""
+
+    sessions: int
+    period_s: float
+    words: int
+
+
 async def serve_raw_hop(
-    run_id: str, rabbitmq_url: str, redis_url: str, *, exit_on_stdin_eof: bool = False
+    run_id: str,
+    rabbitmq_url: str,
+    redis_url: str,
+    *,
+    exit_on_stdin_eof: bool = False,
+    busy: ChunkLoad | None = None,
 ) -> None:
     """Consume the run's raw-hop queue until SIGTERM/SIGINT, recording receive time minus sent time.
 
-    The queue is exclusive to this connection, so it disappears with the process however it ends.
+    Idle (``busy`` None): a transient message to an exclusive queue of this connection, which
+    disappears with the process however it ends. Busy: the delivery an interrupt gets (persistent,
+    with priority, to a durable priority queue like a session's mailbox, acknowledged) to a process
+    that meanwhile sends ``busy``'s chunks; the queue is deleted at the end (and expires if not).
     With ``exit_on_stdin_eof`` the consumer also stops when its stdin closes, i.e. when the bench
     that started it is gone, even if it was killed before it could send SIGTERM.
     """
+    stop = _stop_event(exit_on_stdin_eof)
+    redis_client = aioredis.Redis.from_url(redis_url)
+    connection = await amqp_address.connect_robust(
+        rabbitmq_url, client_properties={"connection_name": f"bargein-bench-rawhop-{run_id}"}
+    )
+    streams: list[asyncio.Task[None]] = []
+    try:
+        channel = await connection.channel()
+        if busy is None:
+            queue = await channel.declare_queue(
+                raw_hop_queue(run_id), exclusive=True, arguments={"x-queue-type": "classic"}
+            )
+            key, ack = raw_samples_key(run_id), False
+        else:
+            await channel.set_qos(prefetch_count=1)  # as a worker takes its mailbox: one at a time
+            queue = await channel.declare_queue(
+                busy_hop_queue(run_id),
+                durable=True,
+                arguments={
+                    "x-queue-type": "classic",
+                    "x-max-priority": PRIORITY_CONTROL,
+                    "x-expires": BUSY_EXPIRY_MS,
+                },
+            )
+            key, ack = busy_samples_key(run_id), True
+            streams = await _send_chunks(connection, run_id, busy)
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            received = time.time()
+            try:
+                (sent,) = RAW_HOP_BODY.unpack(message.body)
+            except struct.error:
+                log.warning("ignoring a malformed raw-hop message (%d bytes)", len(message.body))
+                return
+            await record_sample(redis_client, key, received - sent)
+            if ack:
+                await message.ack()
+
+        await queue.consume(on_message, no_ack=not ack)
+        print(f"{RAW_HOP_READY} (queue {queue.name})", flush=True)
+        await stop.wait()
+    finally:
+        for stream in streams:
+            stream.cancel()
+        if busy is not None:
+            with contextlib.suppress(Exception):
+                await (await connection.channel()).queue_delete(busy_hop_queue(run_id))
+        with contextlib.suppress(Exception):
+            await connection.close()
+        with contextlib.suppress(Exception):
+            await redis_client.aclose()
+
+
+def _stop_event(exit_on_stdin_eof: bool) -> asyncio.Event:
+    """Set on SIGINT or SIGTERM, and (``exit_on_stdin_eof``) when stdin closes."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -173,35 +258,29 @@ async def serve_raw_hop(
                 stop.set()
 
         loop.add_reader(fd, on_stdin)
+    return stop
 
-    redis_client = aioredis.Redis.from_url(redis_url)
-    connection = await amqp_address.connect_robust(
-        rabbitmq_url, client_properties={"connection_name": f"bargein-bench-rawhop-{run_id}"}
-    )
-    try:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(
-            raw_hop_queue(run_id), exclusive=True, arguments={"x-queue-type": "classic"}
-        )
-        key = raw_samples_key(run_id)
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            received = time.time()
-            try:
-                (sent,) = RAW_HOP_BODY.unpack(message.body)
-            except struct.error:
-                log.warning("ignoring a malformed raw-hop message (%d bytes)", len(message.body))
-                return
-            await record_sample(redis_client, key, received - sent)
+async def _send_chunks(
+    connection: AbstractRobustConnection, run_id: str, load: ChunkLoad
+) -> list[asyncio.Task[None]]:
+    """``load``'s streams, started evenly spread over a period, each on the confirming channel, to
+    the queue the bench reads them from (:func:`busy_sink_queue`, the bench's: it counts them as
+    its edge counts a worker's chunks)."""
+    channel = await connection.channel(publisher_confirms=True)
+    sink = busy_sink_queue(run_id)
+    body = " ".join(itertools.islice(itertools.cycle(_TEXT.split()), load.words)).encode()
+    loop = asyncio.get_running_loop()
 
-        await queue.consume(on_message, no_ack=True)
-        print(f"{RAW_HOP_READY} (queue {queue.name})", flush=True)
-        await stop.wait()
-    finally:
-        with contextlib.suppress(Exception):
-            await connection.close()
-        with contextlib.suppress(Exception):
-            await redis_client.aclose()
+    async def stream(i: int) -> None:
+        await asyncio.sleep(i * load.period_s / load.sessions)
+        next_at = loop.time()
+        while True:
+            next_at += load.period_s
+            await channel.default_exchange.publish(aio_pika.Message(body), routing_key=sink)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    return [asyncio.create_task(stream(i), name=f"chunks-{i}") for i in range(load.sessions)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="stop when stdin closes (the bench went away)"
     )
+    parser.add_argument(
+        "--busy",
+        nargs=3,
+        metavar=("SESSIONS", "PERIOD_S", "WORDS"),
+        help="the busy baseline: send this chunk load meanwhile, take persistent priority messages",
+    )
     args = parser.parse_args(argv)
+    busy = None
+    if args.busy is not None:
+        sessions, period_s, words = args.busy
+        busy = ChunkLoad(int(sessions), float(period_s), int(words))
     if not _RUN_ID.fullmatch(args.run_id):
         parser.error(f"run id must be 1-64 of [A-Za-z0-9_-], got {args.run_id!r}")
     broker = load(BrokerSettings)
@@ -225,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         pass
     asyncio.run(
         serve_raw_hop(
-            args.run_id, broker.rabbitmq_url, broker.redis_url, exit_on_stdin_eof=args.exit_on_stdin_eof
+            args.run_id,
+            broker.rabbitmq_url,
+            broker.redis_url,
+            exit_on_stdin_eof=args.exit_on_stdin_eof,
+            busy=busy,
         )
     )
     return 0

@@ -54,15 +54,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "interrupt",
         ("interrupt",),
         ("interrupt", "--sessions", "4", "--samples", "5"),
-        "interrupt → CancelledError beside a raw broker hop; 200 sessions, 100 ms chunks, one worker",
-        r"target|count\s+p50|CancelledError|raw publish",
+        "interrupt → CancelledError beside a raw broker hop and a busy raw baseline; 200 sessions, 100 ms"
+        " chunks, one worker",
+        r"target|count\s+p50|CancelledError|raw publish|busy raw",
     ),
     Scenario(
         "interrupt-20ms",
         ("interrupt", "--chunk-ms", "20"),
         ("interrupt", "--sessions", "4", "--samples", "5", "--chunk-ms", "20"),
         "the same under load: 200 sessions streaming a chunk every 20 ms through one worker",
-        r"target|count\s+p50|CancelledError|raw publish|streaming sessions, \d+ worker|of a core",
+        r"target|count\s+p50|CancelledError|raw publish|busy raw|streaming sessions, \d+ worker|of a core",
     ),
     Scenario(
         "throughput",

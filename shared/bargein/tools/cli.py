@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     intr = bench_sub.add_parser(
-        "interrupt", help="interrupt → CancelledError latency beside a raw broker hop (RabbitMQ + Redis)"
+        "interrupt",
+        help="interrupt → CancelledError latency beside a raw broker hop and a busy one (RabbitMQ + Redis)",
     )
     intr.add_argument("--sessions", type=_positive, default=200, help="streaming sessions (default 200)")
     intr.add_argument("--samples", type=_positive, default=200, help="interrupts measured (default 200)")
