@@ -79,7 +79,8 @@ def test_a_backchannel_heard_lets_the_agent_go_on_soon_after_it_ends_not_after_t
     spoken_end = policy.at_ms
     events += timeline(policy, [LO] * n(96))
     assert policy.held_quiet  # quiet, and no words yet that reach the quiet: transcribe it now
-    assert policy.judged("Uh-huh.", policy.burst, upto_ms=spoken_end - W) == []  # not all of it yet
+    # words of its first 96 ms only: 352 ms came after them, room for another word
+    assert policy.judged("Uh", policy.burst, upto_ms=spoken_end - 352) == []
     events += timeline(policy, [LO] * 2)
     assert [name for name, _ in events] == ["UserSpeechOnset"]  # still paused: its end not heard
     released = policy.judged("Uh-huh.", policy.burst)
@@ -87,6 +88,30 @@ def test_a_backchannel_heard_lets_the_agent_go_on_soon_after_it_ends_not_after_t
     assert released[0].at_ms - spoken_end < 500  # before the burst would end (min_silence_ms)
     events += timeline(policy, [LO] * n(600))
     assert [name for name, _ in events][-1] == "UserBackchannel"
+
+
+def test_a_backchannel_judged_to_near_its_end_lets_the_agent_go_on_without_another_transcription() -> None:
+    """The judgement already under way covers the burst up to a little before its end (it began
+    while the caller still spoke): its words are a backchannel and too little came after them for
+    another word, so the agent goes on as soon as they come, not after a second transcription (~0.5 s
+    here, which made the dead air's p95 ~1 s). The burst's words at its end may still cut it off."""
+    policy = policy_for(judges=True, soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500)
+    events = timeline(policy, [LO] * 3 + [HI] * n(448))
+    spoken_end = policy.at_ms
+    events += timeline(policy, [LO] * n(192))
+    assert [name for name, _ in events] == ["UserSpeechOnset"]  # quiet, its words not known yet
+    released = policy.judged("Okay.", policy.burst, upto_ms=spoken_end - 192)  # 192 ms came after
+    assert [e.event for e in released] == [UserOnsetDismissed(outcome="backchannel")]
+    # what came after them was more than a backchannel after all: cut off when the burst ends
+    cut = policy.judged("Okay, no.", policy.burst, final=True)
+    assert [e.event.type_name() for e in cut] == ["UserStartedSpeaking"]
+
+    silent = policy_for(judges=True, soft_pause_ms=64, min_interruption_ms=250, min_silence_ms=500)
+    timeline(silent, [LO] * 3 + [HI] * n(448))
+    spoken_end = silent.at_ms
+    timeline(silent, [LO] * n(192))
+    # no words yet of what was judged: they speak for nothing, whatever came after them
+    assert silent.judged("", silent.burst, upto_ms=spoken_end - 192) == []
 
 
 def test_a_held_burst_whose_words_are_not_backchannels_keeps_the_agent_paused_through_its_gaps() -> None:

@@ -95,6 +95,11 @@ __all__ = ["TURN_TAKING_OPTION", "Emission", "State", "TurnConfig", "TurnPolicy"
 PAUSE_WORDS_AFTER_MS = 64  # a pause this long in the caller's turn has its words judged (not the
 # shorter gaps between words, which would cost a transcription each)
 SOFT_RELEASE_MS = 160  # a paused burst too short to be a barge-in, quiet this long, lets the agent go on
+# Words judged of a held burst speak for all of it once they reach its quiet, or once they are
+# backchannels and at most this much of it came after them: too little for another word, and the
+# burst's last words may still cut the agent off at its end. Waiting for words that reach the quiet
+# cost a second transcription (~0.5 s here) after most backchannels: ~1 s of dead air at p95.
+BACKCHANNEL_TAIL_MS = 250
 HYSTERESIS = 0.15  # Silero's recommended gap between the onset and the offset threshold
 MIN_OFFSET_THRESHOLD = 0.01
 HISTORY = 256
@@ -367,8 +372,9 @@ class TurnPolicy:
     def _released(self, end_ms: float) -> str | None:
         """Whether a burst that paused the agent has been quiet long enough (``SOFT_RELEASE_MS``)
         to let the agent go on, and why: ``short``, still too short to be a barge-in (a click, a
-        cough); ``backchannel``, held, and its words judged up to the quiet are only backchannels
-        ("uh-huh"). If the voice comes back the agent is paused again."""
+        cough); ``backchannel``, held, and its words judged so far, which speak for it
+        (:meth:`_heard_speaks_for`), are only backchannels ("uh-huh"). If the voice comes back the
+        agent is paused again; if the burst's words at its end are more, they cut it off then."""
         if not self._paused or self._silence_start_ms is None:
             return None
         if end_ms - self._silence_start_ms < SOFT_RELEASE_MS:
@@ -377,11 +383,19 @@ class TurnPolicy:
             return "short"
         if (
             self.state is State.HELD
-            and self._heard_upto_ms >= self._silence_start_ms
+            and self._heard_speaks_for(self._silence_start_ms)
             and not content_words(self._heard, self.config.backchannels)
         ):
             return "backchannel"
         return None
+
+    def _heard_speaks_for(self, quiet_ms: float) -> bool:
+        """Whether the words judged so far tell what the burst that went quiet at ``quiet_ms`` was:
+        they reach the quiet, or they are words (backchannels, by the caller's check) and less than
+        ``BACKCHANNEL_TAIL_MS`` of the burst came after them."""
+        if self._heard_upto_ms >= quiet_ms:
+            return True
+        return bool(spoken_words(self._heard)) and quiet_ms - self._heard_upto_ms <= BACKCHANNEL_TAIL_MS
 
     def _release(self, outcome: str, end_ms: float) -> Emission:
         self._paused = False
