@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import secrets
 import sys
@@ -38,6 +39,7 @@ import httpx
 
 from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH
 from bargein.agent.words import content_words
+from bargein.edge.tokens import Tokens
 from bargein.settings import DEFAULT_BACKCHANNELS, BrokerSettings, VoiceSettings, load
 from bargein.tools.audio_caller import AudioCaller, Said
 from bargein.tools.benchkit import (
@@ -168,8 +170,14 @@ class _E2EBench:
         self.out = out
         self.processes = Processes(out)
         self.twilio_token = secrets.token_hex(16)  # the simulated carrier's, for this run only
+        edge_secret = secrets.token_hex(16)  # the edge's, so that the bench may listen to a call
+        self.tokens = Tokens(edge_secret, 3600)
         self.env = scripted_stack_env(
-            rabbitmq_url, redis_url, BARGEIN_TTS="espeak", BARGEIN_TWILIO_AUTH_TOKEN=self.twilio_token
+            rabbitmq_url,
+            redis_url,
+            BARGEIN_TTS="espeak",
+            BARGEIN_TWILIO_AUTH_TOKEN=self.twilio_token,
+            BARGEIN_EDGE_SECRET=edge_secret,
         )
         self.edge: Child | None = None
         self.session_ids: list[str] = []
@@ -180,7 +188,8 @@ class _E2EBench:
         """A caller in a session of its own: a web client, or a phone call through the carrier."""
         assert self.edge is not None
         if line == PHONE:
-            async with PhoneCaller.dialled(self.edge.url, self.twilio_token) as phone:
+            listener = functools.partial(self.tokens.issue, role="listener")
+            async with PhoneCaller.dialled(self.edge.url, self.twilio_token, listener) as phone:
                 self.session_ids.append(phone.session_id)
                 yield phone
             return

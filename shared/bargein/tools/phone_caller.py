@@ -16,12 +16,14 @@ the bench reads a phone caller's record exactly as a web caller's (:meth:`frames
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +48,11 @@ class PhoneCaller(AudioCaller):
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def dialled(cls, edge_url: str, auth_token: str) -> Any:
-        """A call to the edge: its webhook rung, its stream started; the caller, until hung up."""
+    async def dialled(cls, edge_url: str, auth_token: str, listener_token: Callable[[str], str]) -> Any:
+        """A call to the edge: its webhook rung, its stream started; the caller, until hung up.
+        ``listener_token`` gives a listener's token for the call's session: a line carries no
+        transcripts, so the caller also listens to the session as a screen would, and what
+        speech-to-text heard (``user_transcript``) is in its record as on the web."""
         call_sid = f"CA{uuid.uuid4().hex}"
         url = f"{edge_url}/v1/twilio/voice"
         form = {"CallSid": call_sid, "AccountSid": ACCOUNT, "From": "+15550100", "To": "+15550199",
@@ -57,10 +62,13 @@ class PhoneCaller(AudioCaller):
             reply = await client.post(url, data=form, headers={"X-Twilio-Signature": signature})
         reply.raise_for_status()
         stream_url, parameters = _stream_of(reply.text)
+        session_id = parameters.get(SESSION_PARAMETER, "")
+        screen = f"{edge_url.replace('http', 'ws', 1)}/v1/sessions/{session_id}/ws"
         async with connect(stream_url, max_size=None) as ws:
-            caller = cls(ws, call_sid=call_sid, session_id=parameters.get(SESSION_PARAMETER, ""))
+            caller = cls(ws, call_sid=call_sid, session_id=session_id)
             await caller._start_stream(parameters)
             caller.start()
+            caller._tasks.append(asyncio.create_task(caller._listen(screen, listener_token(session_id))))
             try:
                 yield caller
             finally:
@@ -80,6 +88,14 @@ class PhoneCaller(AudioCaller):
             "tracks": ["inbound"], "customParameters": parameters,
             "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
         })  # fmt: skip
+
+    async def _listen(self, url: str, token: str) -> None:
+        """What the session's screens see of the caller's words, into the record."""
+        async with connect(f"{url}?token={token}&role=listener") as screen:
+            async for message in screen:
+                frame = json.loads(message) if isinstance(message, str) else None
+                if frame is not None and frame.get("type") == "user_transcript":
+                    self.received.append(Received(time.monotonic(), frame))
 
     # --- the line (AudioCaller's transport, in the carrier's messages) ---------------------------
 
