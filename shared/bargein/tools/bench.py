@@ -432,7 +432,7 @@ class _InterruptBench:
         """The busy baseline, after bargein's sessions have ended (so the two never share the CPU):
         a raw consumer sending the same chunk load the workers did, taking the same delivery an
         interrupt gets (persistent, priority, confirmed), ``samples`` times."""
-        assert self.raw_channel is not None and self.redis is not None
+        assert self.raw_channel is not None
         await self._end_sessions()
         self.sessions_ended = True
         load = [str(self.n_sessions), f"{self.chunk_period_s:g}", str(self.words_per_chunk)]
@@ -476,34 +476,26 @@ class _InterruptBench:
         cpu_after, elapsed = cpu_seconds(child.proc.pid), time.monotonic() - started
         if cpu_before is not None and cpu_after is not None and elapsed > 0:
             self.busy_cores = (cpu_after - cpu_before) / elapsed
-        self.busy_chunks_per_s = (received[0] - received_before) / (time.monotonic() - started)
-        key = busy_samples_key(self.run_id)
-        deadline = time.monotonic() + RESULTS_TIMEOUT_S
-        while int(await self.redis.llen(key)) < self.sent_busy and time.monotonic() < deadline:
-            self.processes.check()
-            await asyncio.sleep(0.05)
-        return [float(value) for value in await self.redis.lrange(key, 0, -1)]
+        self.busy_chunks_per_s = (received[0] - received_before) / elapsed if elapsed > 0 else 0.0
+        (busy,) = await self.collect(("busy raw", busy_samples_key(self.run_id), self.sent_busy))
+        return busy
 
-    async def collect(self) -> tuple[list[float], list[float]]:
-        """Wait (bounded) for every sample to be reported, then read both lists."""
+    async def collect(self, *wanted: tuple[str, str, int]) -> list[list[float]]:
+        """Wait (bounded) until each sample list (what it holds, its key, how many samples were
+        sent) has every sample reported, then read them."""
         assert self.redis is not None
-        keys = interrupt_samples_key(self.run_id), raw_samples_key(self.run_id)
         deadline = time.monotonic() + RESULTS_TIMEOUT_S
         while True:
-            got_interrupts, got_raw = [int(await self.redis.llen(key)) for key in keys]
-            if got_interrupts >= self.sent_interrupts and got_raw >= self.sent_raw:
+            got = [(int(await self.redis.llen(key)), sent, what) for what, key, sent in wanted]
+            if all(n >= sent for n, sent, _ in got):
                 break
             if time.monotonic() > deadline:
-                self.say(
-                    f"  gave up waiting after {RESULTS_TIMEOUT_S:.0f} s: "
-                    f"{got_interrupts}/{self.sent_interrupts} interrupt and "
-                    f"{got_raw}/{self.sent_raw} raw samples reported"
-                )
+                told = " and ".join(f"{n}/{sent} {what}" for n, sent, what in got)
+                self.say(f"  gave up waiting after {RESULTS_TIMEOUT_S:.0f} s: {told} samples reported")
                 break
             self.processes.check()
             await asyncio.sleep(0.05)
-        interrupts, raw = [[float(value) for value in await self.redis.lrange(key, 0, -1)] for key in keys]
-        return interrupts, raw
+        return [[float(value) for value in await self.redis.lrange(key, 0, -1)] for _, key, _ in wanted]
 
     # --- the report ------------------------------------------------------------------------------
 
@@ -682,7 +674,10 @@ class _InterruptBench:
             await self.create_sessions()
             await self.wait_streaming()
             chunks_per_s = await self.sample()
-            interrupts, raw = await self.collect()
+            interrupts, raw = await self.collect(
+                ("interrupt", interrupt_samples_key(self.run_id), self.sent_interrupts),
+                ("raw", raw_samples_key(self.run_id), self.sent_raw),
+            )
             busy = await self.sample_busy()
             return self.report(interrupts, raw, busy, chunks_per_s)
         finally:

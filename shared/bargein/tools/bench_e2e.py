@@ -45,12 +45,12 @@ from bargein.tools.audio_caller import AudioCaller, Said
 from bargein.tools.benchkit import (
     Child,
     Processes,
+    all_or_stalled,
     forget_sessions,
     percentile,
     run_main,
     say,
     scripted_stack_env,
-    stalled,
     start_service,
     summarize,
     verdict,
@@ -289,14 +289,11 @@ class _E2EBench:
             per_line: dict[str, list[Round]] = {}
             async with httpx.AsyncClient(timeout=ROUND_TIMEOUT_S) as client:
                 for line in self.lines:  # one line after the other: the same load on each
-                    try:
-                        per_caller = await asyncio.gather(
-                            *(self.one_caller(i, line, client) for i in range(self.n_callers))
-                        )
-                    except TimeoutError:
-                        raise stalled(
-                            self.processes, f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s"
-                        ) from None
+                    per_caller = await all_or_stalled(
+                        self.processes,
+                        (self.one_caller(i, line, client) for i in range(self.n_callers)),
+                        f"a round did not finish in {ROUND_TIMEOUT_S:.0f} s",
+                    )
                     per_line[line] = [r for caller in per_caller for r in caller]
             engines = await self.engines()
             return self.report(per_line, engines)

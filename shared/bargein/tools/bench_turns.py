@@ -45,13 +45,13 @@ from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, VadStream, pcm16_to_floa
 from bargein.tools.audio_caller import AudioCaller
 from bargein.tools.benchkit import (
     Processes,
+    all_or_stalled,
     forget_sessions,
     free_port,
     percentile,
     run_main,
     say,
     scripted_stack_env,
-    stalled,
     start_service,
     verdict,
 )
@@ -284,14 +284,11 @@ class _TurnsBench:
                 await start_service(self.processes, service, service, env)
             edge = await start_service(self.processes, "broadcast", "edge", self.env)
             async with httpx.AsyncClient(timeout=CLIP_TIMEOUT_S) as client:
-                try:
-                    per_caller = await asyncio.gather(
-                        *(self.caller(client, edge.url, work) for _ in range(self.n_callers))
-                    )
-                except TimeoutError:
-                    raise stalled(
-                        self.processes, f"a clip did not finish in {CLIP_TIMEOUT_S:.0f} s"
-                    ) from None
+                per_caller = await all_or_stalled(
+                    self.processes,
+                    (self.caller(client, edge.url, work) for _ in range(self.n_callers)),
+                    f"a clip did not finish in {CLIP_TIMEOUT_S:.0f} s",
+                )
             return [p for caller in per_caller for p in caller], await self.counters()
         finally:
             await self.processes.stop()

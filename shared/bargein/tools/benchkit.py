@@ -13,9 +13,9 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from aio_pika.abc import AbstractRobustConnection
 
@@ -24,6 +24,8 @@ from bargein.hosting.sessions import forget_session
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import TIER_REASONING, TIER_SPEECH, session_work_queue
+
+T = TypeVar("T")
 
 WORKER_READY = "ready (up to"  # bargein.hosting.worker logs it once it consumes session starts
 EDGE_READY = re.compile(r"edge ready on (http://[^\s\"']+)")
@@ -179,6 +181,15 @@ def stalled(processes: Processes, what: str) -> BenchError:
     """A step of a bench that did not finish in time, with what each of its services said last."""
     tails = "\n".join(f"  {c.name}:\n{c.last_output()}" for c in processes.children)
     return BenchError(f"{what}; the services said:\n{tails}")
+
+
+async def all_or_stalled(processes: Processes, steps: Iterable[Awaitable[T]], what: str) -> list[T]:
+    """Every step's result, run at once (a bench's callers); a step's TimeoutError is the bench
+    stalling: :func:`stalled` naming ``what``."""
+    try:
+        return await asyncio.gather(*steps)
+    except TimeoutError:
+        raise stalled(processes, what) from None
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -18,12 +18,14 @@ libswresample's windowed-sinc filter holds back a millisecond or two.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Literal
 
 import av
 import numpy as np
 
 from bargein.agent.events import SAMPLE_RATE
+from bargein.edge.carriers.abc import LINE_CODECS
 
 with warnings.catch_warnings():  # Python 3.11-3.12 warn that audioop leaves the standard library
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -48,11 +50,15 @@ class G722:
             self._codec.format = "s16"
 
     def decode(self, payload: bytes) -> bytes:
-        frames = self._codec.decode(av.Packet(payload))
-        return b"".join(np.asarray(f.to_ndarray(), dtype="<i2").tobytes() for f in frames)
+        return _pcm(self._codec.decode(av.Packet(payload)))
 
     def encode(self, pcm: bytes) -> bytes:
         return b"".join(bytes(packet) for packet in self._codec.encode(_frame(pcm, G722_RATE)))
+
+
+def _pcm(frames: Iterable[av.AudioFrame]) -> bytes:
+    """FFmpeg's frames (s16 mono) as PCM16."""
+    return b"".join(np.asarray(f.to_ndarray(), dtype="<i2").tobytes() for f in frames)
 
 
 def _frame(pcm: bytes, rate: int) -> av.AudioFrame:
@@ -76,15 +82,14 @@ class Resampler:
     def __call__(self, pcm: bytes) -> bytes:
         if len(pcm) < 2:
             return b""
-        frames = self._resampler.resample(_frame(pcm, self.from_rate))
-        return b"".join(np.asarray(f.to_ndarray(), dtype="<i2").tobytes() for f in frames)
+        return _pcm(self._resampler.resample(_frame(pcm, self.from_rate)))
 
 
 class LineAudio:
     """One call's conversions, in both directions (``encoding``: the caller's, PCMU, PCMA or G722)."""
 
     def __init__(self, encoding: str = "PCMU") -> None:
-        if encoding not in ("PCMU", "PCMA", "G722"):
+        if encoding not in LINE_CODECS:
             raise ValueError(f"not a phone line's encoding: {encoding!r}")
         self._g722 = G722("r") if encoding == "G722" else None
         self._decode = audioop.alaw2lin if encoding == "PCMA" else audioop.ulaw2lin
