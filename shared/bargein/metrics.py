@@ -67,6 +67,12 @@ VAD_BATCH_SESSIONS = Histogram(
     "Sessions in one batched VAD inference.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
+GC_PAUSE_SECONDS = Histogram(
+    "bargein_gc_pause_seconds",
+    "One pass of Python's garbage collector (the event loop waits for it), by generation.",
+    ["generation"],
+    buckets=LATENCY_BUCKETS,
+)
 SESSIONS = Gauge("bargein_sessions", "Sessions this process owns (workers) or serves (edge).", ["tier"])
 QUEUE_BACKLOG = Gauge("bargein_edge_backlog", "Chunks waiting in RabbitMQ for this edge process.")
 # What the services count, by service: the totals of every Counted and of count(). They are read

@@ -528,7 +528,7 @@ class Edge:
         self.voice_settings = voice_settings or VoiceSettings()
         self.owner = owner
         self.max_frame_bytes = max_frame_bytes
-        self.load = LoopLag(overload_lag_ms, name=f"edge {owner}")
+        self.load = LoopLag(overload_lag_ms, name=f"edge {owner}", sessions=lambda: len(self.sessions))
         self.backlog = 0  # chunks waiting for this process in the broker, as last asked
         self.sessions: dict[str, EdgeSession] = {}
         self.counters: collections.Counter[str] = Counted("edge")

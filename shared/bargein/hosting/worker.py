@@ -39,7 +39,9 @@ class Worker:
         overload_lag_ms: float = 500.0,
     ) -> None:
         self.host = host
-        self.load = LoopLag(overload_lag_ms, name=f"{host.tier} worker {host.owner}")
+        self.load = LoopLag(
+            overload_lag_ms, name=f"{host.tier} worker {host.owner}", sessions=lambda: len(host.sessions)
+        )
         self.liveness_ttl_ms = liveness_ttl_ms
         self.max_sessions = max_sessions
         self.adopt_interval_s = adopt_interval_s
