@@ -1,8 +1,9 @@
 """The whole product, as an operator runs it, on brokers of its own: the fault tests' stage.
 
-``FaultStack`` starts a private RabbitMQ node and Redis (``brokers.py``), then the services as
-processes against them (``python -m services.<name>``, product defaults unless a test says
-otherwise), and hands the test the edge's URL and the processes, to kill, pause, stop or restart.
+``FaultStack`` starts a private RabbitMQ node and Redis (``bargein/tools/private_brokers.py``),
+then the services as processes against them (``python -m services.<name>``, product defaults
+unless a test says otherwise), and hands the test the edge's URL and the processes, to kill,
+pause, stop or restart.
 The agent is the integration tests' ``by_option`` (the probe agent: it echoes the caller's words,
 then ``tail`` more, one every ``word_delay`` seconds, and reports to Redis what happens inside its
 process).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.faults.brokers import (
+from bargein.tools.private_brokers import (
     PrivateRabbit,
     PrivateRabbitCluster,
     PrivateRedis,

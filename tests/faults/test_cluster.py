@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection
 
 from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.tools.private_brokers import MIRRORING_POLICY
 from tests.client import Frame, create_session, recv, say, until
 from tests.faults.stack import FaultStack, fault_stack
 from tests.faults.test_handover import AGENT, arrives_whole, contextlib_all, history_of, take_chunks, text_of
@@ -30,22 +31,13 @@ from tests.faults.test_restarts import answered, log_lines, new_lines
 
 T = 60.0
 
-# The policy docs/operations.md tells an operator of a RabbitMQ 3.x cluster to set: every queue of
-# bargein's kept on two nodes, a copy made at once, the copy promoted whatever happened, the leaders
-# spread over the nodes.
-REPLICATED = (
-    '{"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic", '
-    '"ha-promote-on-failure": "always", "ha-promote-on-shutdown": "always", '
-    '"queue-master-locator": "min-masters"}'
-)
-
 
 @pytest.fixture
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
     """A cluster of its own for each test: each does its fault to the node every process is on."""
     base = Path(tmp_path_factory.mktemp("cluster"))
     with fault_stack(
-        base, reasoning=2, speech=0, BARGEIN_AGENT=AGENT, rabbit_nodes=3, rabbit_policy=REPLICATED
+        base, reasoning=2, speech=0, BARGEIN_AGENT=AGENT, rabbit_nodes=3, rabbit_policy=MIRRORING_POLICY
     ) as running:
         yield running
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bargein.tools.private_brokers import PrivateRedis
 from bargein.transport.redis_store import RedisStateStore
-from tests.faults.brokers import PrivateRedis
 
 POOL = 4
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.tools.private_brokers import PrivateSentinelRedis
 from bargein.transport.redis_address import async_client
 from tests.client import Frame, connect, create_session, say
-from tests.faults.brokers import PrivateSentinelRedis
 from tests.faults.stack import FaultStack
 from tests.faults.test_handover import arrives_whole, contextlib_all, owner_of, take_chunks
 from tests.faults.test_restarts import answered, ready, stack_for

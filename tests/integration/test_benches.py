@@ -160,6 +160,23 @@ def test_bench_all_runs_every_scenario_and_tabulates_what_each_found(
     # measured with every caller still on the line; each hung up, and the services ended each session
     assert re.search(r"\((\d+) sessions, \1 callers connected\)", sessions), sessions
     assert "could not hang up" not in sessions and "had not ended" not in sessions, sessions
+    # the scale bench's report (no other smoke test): each level measured everywhere with every
+    # caller connected, the active callers answered, both mailbox designs measured on the broker
+    scale = "\n".join(outcomes["scale"]["output"])
+    assert re.search(r"sessions started a second \(with the first answer\): \d", scale), scale
+    assert re.search(r"5 idle sessions \(5 callers connected\)", scale), scale
+    for service in ("reasoning", "speech", "broadcast", "rabbitmq", "redis"):
+        assert re.search(rf"memory per idle session, {service}\s+-?\d", scale), (service, scale)
+    assert re.search(
+        r"2 active callers: text → first chunk p50 \d+ ms, p95 \d+ ms \(\d+ turns, 0 failed\)", scale
+    )
+    assert re.search(
+        r"^\s+per-session\s+\d+\s+\d+\.\d ms\s+-?\d+\.\d\s+\d+\.\d / \d+\.\d ms\s+\d+/s$", scale, re.M
+    ), scale
+    assert re.search(
+        r"^\s+partitioned\s+no broker work\s+0\.0 ms\s+0\.0\s+\d+\.\d / \d+\.\d ms\s+\d+/s$", scale, re.M
+    )
+    assert "had not ended" not in scale, scale
     # the turn-taking bench's report (no other smoke test): each way of ending a turn measured, the
     # speculative turns counted by both services, the peers judged offline beside them
     turns = "\n".join(outcomes["turns"]["output"])

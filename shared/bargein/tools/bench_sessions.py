@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -90,6 +91,12 @@ def rabbitmq_bytes(node: str | None = None) -> int | None:
     return None
 
 
+def rabbitmq_total(nodes: list[str] | None) -> int | None:
+    """The memory of every node of a cluster (``None``: the CLI's default node), if each told."""
+    figures = [rabbitmq_bytes(node) for node in nodes] if nodes else [rabbitmq_bytes()]
+    return None if None in figures else sum(f for f in figures if f is not None)
+
+
 class _SessionsBench:
     def __init__(
         self, *, sessions: int, concurrency: int, rabbitmq_url: str, redis_url: str, out: TextIO
@@ -107,6 +114,9 @@ class _SessionsBench:
         self.readers: list[asyncio.Task[None]] = []  # each caller reads what it is sent, as a client does
         self.session_ids: list[str] = []
         self.redis: aioredis.Redis | None = None
+        self.rabbit_nodes: list[str] | None = (
+            None  # the nodes whose memory is the broker's (None: the CLI's default)
+        )
 
     def say(self, text: str) -> None:
         say(self.out, text)
@@ -116,7 +126,7 @@ class _SessionsBench:
         figures: dict[str, int | None] = {
             name: rss_bytes(child.proc.pid) for name, child in self.children.items()
         }
-        figures["rabbitmq"] = await asyncio.to_thread(rabbitmq_bytes)
+        figures["rabbitmq"] = await asyncio.to_thread(rabbitmq_total, self.rabbit_nodes)
         figures["redis"] = int((await self.redis.info("memory"))["used_memory"])
         return figures
 
@@ -145,9 +155,12 @@ class _SessionsBench:
     def connected(self) -> int:
         return sum(not reader.done() for reader in self.readers)
 
-    async def create_all(self, edge: str) -> float:
-        self.say(f"creating {self.n_sessions} sessions, {self.concurrency} at a time")
-        todo = iter(range(self.n_sessions))
+    async def create_all(self, edge: str, count: int | None = None) -> float:
+        """Create ``count`` more sessions (all of ``--sessions`` by default); returns how many a
+        second."""
+        count = self.n_sessions if count is None else count
+        self.say(f"creating {count} sessions, {self.concurrency} at a time")
+        todo = iter(range(count))
         done = 0
         started = time.perf_counter()
         last_said = started
@@ -159,11 +172,23 @@ class _SessionsBench:
                 done += 1
                 if time.perf_counter() - last_said > 5:
                     last_said = time.perf_counter()
-                    self.say(f"  {done}/{self.n_sessions} ({done / (last_said - started):.1f}/s)")
+                    self.say(f"  {done}/{count} ({done / (last_said - started):.1f}/s)")
 
         async with httpx.AsyncClient(timeout=T) as client:
             await asyncio.gather(*(creator(client) for _ in range(self.concurrency)))
-        return self.n_sessions / (time.perf_counter() - started)
+        return count / (time.perf_counter() - started)
+
+    async def take_over(self, index: int) -> ClientConnection:
+        """The ``index``-th caller's socket, no longer read by its drain (the caller reads it)."""
+        reader = self.readers[index]
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        return self.sockets[index]
+
+    def give_back(self, index: int) -> None:
+        """The ``index``-th caller's socket is read and dropped again."""
+        self.readers[index] = asyncio.create_task(self._drain(self.sockets[index]))
 
     async def registered(self) -> int:
         """How many of the bench's sessions the reasoning tier still has in its directory."""
@@ -194,8 +219,10 @@ class _SessionsBench:
         for reader in self.readers:
             reader.cancel()
 
-    async def run(self) -> dict[str, Any]:
-        self.say(f"bench sessions (run {self.run_id}): {self.n_sessions} sessions")
+    @contextlib.asynccontextmanager
+    async def stack(self) -> AsyncIterator[dict[str, int | None]]:
+        """The services running, with the memory figures before any session; on the way out
+        every session hung up, the services stopped and what they left forgotten."""
         try:
             self.redis = aioredis.Redis.from_url(self.redis_url)
             try:
@@ -207,11 +234,7 @@ class _SessionsBench:
             for service in SERVICES:
                 self.children[service] = await start_service(self.processes, service, service, self.env)
             await asyncio.sleep(SETTLE_S)
-            before = await self.memory()
-            rate = await self.create_all(self.children["broadcast"].url)
-            await asyncio.sleep(SETTLE_S)
-            after = await self.memory()
-            return self.report(rate, before, after)
+            yield await self.memory()
         finally:
             await self.hang_up()
             await self.processes.stop()
@@ -219,13 +242,18 @@ class _SessionsBench:
                 await self.redis.aclose()
             await forget_sessions(self.rabbitmq_url, self.redis_url, self.session_ids, self.out)
 
+    async def run(self) -> dict[str, Any]:
+        self.say(f"bench sessions (run {self.run_id}): {self.n_sessions} sessions")
+        async with self.stack() as before:
+            rate = await self.create_all(self.children["broadcast"].url)
+            await asyncio.sleep(SETTLE_S)
+            after = await self.memory()
+            return self.report(rate, before, after)
+
     def report(
         self, rate: float, before: dict[str, int | None], after: dict[str, int | None]
     ) -> dict[str, Any]:
-        per_session: dict[str, float | None] = {}
-        for name in (*SERVICES, "rabbitmq", "redis"):
-            low, high = before.get(name), after.get(name)
-            per_session[name] = None if low is None or high is None else (high - low) / self.n_sessions
+        per_session = growth_per_session(before, after, self.n_sessions)
         self.say("")
         self.say(f"  sessions created per second (with the first answer): {rate:.1f}")
         connected = self.connected()
@@ -242,6 +270,17 @@ class _SessionsBench:
             "bytes": per_session,
             "connected": connected,
         }
+
+
+def growth_per_session(
+    before: dict[str, int | None], after: dict[str, int | None], sessions: int
+) -> dict[str, float | None]:
+    """Each process's memory growth over ``sessions`` (None where a figure is missing)."""
+    per_session: dict[str, float | None] = {}
+    for name in (*SERVICES, "rabbitmq", "redis"):
+        low, high = before.get(name), after.get(name)
+        per_session[name] = None if low is None or high is None else (high - low) / sessions
+    return per_session
 
 
 async def run_sessions_bench(

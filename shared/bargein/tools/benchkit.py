@@ -318,6 +318,8 @@ async def forget_sessions(rabbitmq_url: str, redis_url: str, session_ids: list[s
                 if await store.session_info(tier, session_id) is not None:
                     left += 1
                     await forget_session(transport, store, session_id, tier=tier)
+        for session_id in session_ids:  # or the next edge ends them as calls its callers left
+            await store.forget_callers(session_id)
     finally:
         await transport.close()
         await store.close()

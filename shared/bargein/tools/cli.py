@@ -124,6 +124,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ses.add_argument("--sessions", type=_positive, default=1000, help="sessions created (default 1000)")
     ses.add_argument("--concurrency", type=_positive, default=20, help="created at a time (default 20)")
+    scale = bench_sub.add_parser(
+        "scale",
+        help="session starts a second and memory per idle session at 1k and 10k sessions, 200 active;"
+        " per-session vs partitioned mailboxes",
+    )
+    scale.add_argument(
+        "--idle", default="1000,10000", help="idle sessions, level by level (default 1000,10000)"
+    )
+    scale.add_argument(
+        "--active", type=int, default=200, help="callers typing turns at each level (default 200)"
+    )
+    scale.add_argument("--active-s", type=float, default=20.0, help="seconds they do (default 20)")
+    scale.add_argument(
+        "--concurrency", type=_positive, default=20, help="sessions created at a time (default 20)"
+    )
+    scale.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a private 3-node RabbitMQ cluster (mirrored) instead of one node",
+    )
+    scale.add_argument("--no-designs", action="store_true", help="skip the mailbox designs side by side")
+    scale.add_argument(
+        "--design-sessions",
+        type=_positive,
+        default=1000,
+        help="sessions started per mailbox design (default 1000)",
+    )
+    scale.add_argument(
+        "--samples", type=_positive, default=100, help="control messages timed per design (default 100)"
+    )
     dec = bench_sub.add_parser(
         "bargein-decisions",
         help="real interruptions, backchannels and noises over the agent: is the cut right? (BARGEIN_STT)",
@@ -332,6 +362,19 @@ def main(argv: list[str] | None = None) -> int:
             from bargein.tools.bench_sessions import sessions_main
 
             return sessions_main(args.sessions, args.concurrency)
+        if args.command == "bench" and args.bench == "scale":
+            from bargein.tools.bench_scale import scale_main
+
+            return scale_main(
+                levels=tuple(_counts(args.idle)),
+                active=args.active,
+                active_s=args.active_s,
+                cluster=args.cluster,
+                with_designs=not args.no_designs,
+                concurrency=args.concurrency,
+                design_sessions=args.design_sessions,
+                samples=args.samples,
+            )
         if args.command == "bench" and args.bench == "failover":
             from bargein.tools.bench_failover import failover_main
 
