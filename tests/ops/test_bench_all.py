@@ -33,5 +33,5 @@ def test_unknown_scenarios_are_refused_and_every_bench_is_a_scenario() -> None:
     names = {s.command[0] for s in SCENARIOS}
     assert names == {
         "interrupt", "throughput", "failover", "sessions", "checkpoint", "peers", "vad", "e2e", "stt",
-        "bargein-decisions", "turns",
+        "bargein-decisions", "turns", "scale",
     }  # fmt: skip

@@ -225,7 +225,8 @@ class _ScaleBench:
         async def caller(index: int) -> None:
             ws = await bench.take_over(index)
             try:
-                await asyncio.sleep(random.uniform(0, TURN_EVERY_S))
+                # spread over the pace, within the phase: every caller has a turn in a short one
+                await asyncio.sleep(random.uniform(0, min(TURN_EVERY_S, self.active_s / 2)))
                 while time.monotonic() < deadline:
                     began = time.monotonic()
                     try:
@@ -274,7 +275,9 @@ class _ScaleBench:
             shown = "n/a" if value is None else f"{value / 1024:,.1f} KB"
             self.say(f"    memory per idle session, {name:<10} {shown}")
         turns = level["turns"]
-        if turns.get("turns"):
+        if not turns.get("turns"):
+            self.say(f"    {turns['callers']} active callers: no turn answered ({turns['failed']} failed)")
+        else:
             self.say(
                 f"    {turns['callers']} active callers: text → first chunk p50 {turns['p50_ms']:.0f} ms, "
                 f"p95 {turns['p95_ms']:.0f} ms ({turns['turns']} turns, {turns['failed']} failed)"
