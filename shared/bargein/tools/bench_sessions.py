@@ -111,7 +111,9 @@ class _SessionsBench:
         self.env = scripted_stack_env(rabbitmq_url, redis_url, BARGEIN_MAX_SESSIONS=str(sessions + 50))
         self.children: dict[str, Child] = {}
         self.sockets: list[ClientConnection] = []
-        self.readers: list[asyncio.Task[None]] = []  # each caller reads what it is sent, as a client does
+        # each caller reads what it is sent, as a client does; by socket, since the callers get
+        # their first chunk (and their reader) in another order than they connected
+        self.readers: dict[ClientConnection, asyncio.Task[None]] = {}
         self.session_ids: list[str] = []
         self.redis: aioredis.Redis | None = None
         self.rabbit_nodes: list[str] | None = (
@@ -144,7 +146,7 @@ class _SessionsBench:
                 pass
         # the rest is read and dropped: a caller that stops reading fills its socket's queue, misses
         # the keepalive pings and is dropped after a while (and its hang-up with it)
-        self.readers.append(asyncio.create_task(self._drain(ws)))
+        self.readers[ws] = asyncio.create_task(self._drain(ws))
 
     @staticmethod
     async def _drain(ws: ClientConnection) -> None:
@@ -153,7 +155,7 @@ class _SessionsBench:
                 pass
 
     def connected(self) -> int:
-        return sum(not reader.done() for reader in self.readers)
+        return sum(not reader.done() for reader in self.readers.values())
 
     async def create_all(self, edge: str, count: int | None = None) -> float:
         """Create ``count`` more sessions (all of ``--sessions`` by default); returns how many a
@@ -180,7 +182,7 @@ class _SessionsBench:
 
     async def take_over(self, index: int) -> ClientConnection:
         """The ``index``-th caller's socket, no longer read by its drain (the caller reads it)."""
-        reader = self.readers[index]
+        reader = self.readers[self.sockets[index]]
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
@@ -188,7 +190,8 @@ class _SessionsBench:
 
     def give_back(self, index: int) -> None:
         """The ``index``-th caller's socket is read and dropped again."""
-        self.readers[index] = asyncio.create_task(self._drain(self.sockets[index]))
+        ws = self.sockets[index]
+        self.readers[ws] = asyncio.create_task(self._drain(ws))
 
     async def registered(self) -> int:
         """How many of the bench's sessions the reasoning tier still has in its directory."""
@@ -216,7 +219,7 @@ class _SessionsBench:
         for ws in self.sockets:
             with contextlib.suppress(Exception):
                 await ws.close()
-        for reader in self.readers:
+        for reader in self.readers.values():
             reader.cancel()
 
     @contextlib.asynccontextmanager
