@@ -158,7 +158,7 @@ class Collector:
     def tend(self) -> None:
         """On the event loop, now and then: freeze what the last full collection left, or thaw
         and collect everything once the sessions have mostly gone."""
-        held = self.sessions() if self.sessions is not None else 0
+        held = self._held()
         self.peak_since_thaw = max(self.peak_since_thaw, held)
         if self._freeze_due:
             self._freeze_due = False
@@ -182,6 +182,9 @@ class Collector:
             collected,
             (time.perf_counter() - began) * 1000,
         )
-        self.peak_since_thaw = self.sessions() if self.sessions is not None else 0
+        self.peak_since_thaw = self._held()
         self._freeze_due = False
         self._froze = True
+
+    def _held(self) -> int:
+        return self.sessions() if self.sessions is not None else 0

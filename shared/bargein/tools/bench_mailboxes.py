@@ -38,12 +38,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
-from bargein.tools.benchkit import cpu_seconds, percentile, say
+from bargein.tools.benchkit import cpu_of, percentile
 from bargein.transport import amqp_address
 from bargein.transport.abc import EdgeQueue, Subscription
 from bargein.transport.amqp import AmqpTransport
@@ -133,18 +133,12 @@ class PerSessionStarts:
                 await self.transport.delete_mailbox(session, tier)
 
 
-def _cpu_of(pids: list[int]) -> float | None:
-    """CPU seconds the broker's processes (a cluster's nodes) have used so far."""
-    figures = [cpu_seconds(pid) for pid in pids]
-    return None if not figures or None in figures else sum(f for f in figures if f is not None)
-
-
 async def measure_starts(starts: PerSessionStarts, count: int, broker_pids: list[int]) -> StartCost:
-    cpu_before = _cpu_of(broker_pids)
+    cpu_before = cpu_of(broker_pids)
     began = time.perf_counter()
     await starts.start(count)
     took = time.perf_counter() - began
-    cpu_after = _cpu_of(broker_pids)
+    cpu_after = cpu_of(broker_pids)
     cpu_ms = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / count * 1000
     return StartCost(per_s=count / took, broker_cpu_ms=cpu_ms)
 
@@ -164,12 +158,12 @@ class Topology:
         """The routing key (on :attr:`exchange`) of a message for ``session``."""
         raise NotImplementedError
 
-    def queues(self) -> list[tuple[str, bool]]:
-        """(queue, is the control lane) for the consumer."""
+    def queues(self) -> list[str]:
+        """The queues the consumer reads."""
         raise NotImplementedError
 
     async def delete(self, channel: AbstractChannel) -> None:
-        for queue, _ in self.queues():
+        for queue in self.queues():
             with contextlib.suppress(Exception):
                 await channel.queue_delete(queue)
         with contextlib.suppress(Exception):
@@ -187,7 +181,7 @@ class PerSessionTopology(Topology):
         self.exchange = f"bench.scale.{run_id}.sessions"
         self.run_id = run_id
         self.arguments = arguments
-        self._queues: list[tuple[str, bool]] = []
+        self._queues: list[str] = []
 
     async def declare(self, channel: AbstractChannel, sessions: list[str]) -> None:
         exchange = await channel.declare_exchange(
@@ -198,12 +192,12 @@ class PerSessionTopology(Topology):
                 f"bench.scale.{self.run_id}.{session}", durable=True, arguments=self.arguments
             )
             await queue.bind(exchange, f"{session}.#")
-            self._queues.append((queue.name, False))
+            self._queues.append(queue.name)
 
     def route(self, session: str, control: bool) -> str:
         return f"{session}.{'control' if control else 'data'}"
 
-    def queues(self) -> list[tuple[str, bool]]:
+    def queues(self) -> list[str]:
         return self._queues
 
 
@@ -236,8 +230,8 @@ class PartitionedTopology(Topology):
     def route(self, session: str, control: bool) -> str:
         return self._queue(partition_of(session, self.partitions), control)
 
-    def queues(self) -> list[tuple[str, bool]]:
-        return [(self._queue(p, c), c) for p in range(self.partitions) for c in (False, True)]
+    def queues(self) -> list[str]:
+        return [self._queue(p, control) for p in range(self.partitions) for control in (False, True)]
 
 
 def _busy(work_s: float) -> None:
@@ -277,7 +271,7 @@ async def control_latency(
             latency.samples.append((time.perf_counter_ns() - sent) / 1e9)
         await message.ack()
 
-    for name, _ in topology.queues():
+    for name in topology.queues():
         queue = await consumer.get_queue(name, ensure=False)
         await queue.consume(handle)
 
@@ -424,7 +418,3 @@ def mailbox_arguments(transport: AmqpTransport) -> dict[str, Any]:
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:8]
-
-
-def report_line(out: TextIO, text: str) -> None:
-    say(out, text)

@@ -44,7 +44,7 @@ from bargein.tools import bench_mailboxes as designs
 from bargein.tools.bench_sessions import SETTLE_S, _SessionsBench, growth_per_session, rabbitmq_total
 from bargein.tools.benchkit import (
     BenchError,
-    cpu_seconds,
+    cpu_of,
     percentile,
     run_main,
     say,
@@ -107,11 +107,7 @@ def queue_leader(node: str | None, queue: str) -> str | None:
 
 def cpu_by_process(pids: dict[str, int | list[int]]) -> dict[str, float | None]:
     """CPU seconds each named process (or group of processes: a cluster's nodes) has used."""
-    figures: dict[str, float | None] = {}
-    for name, which in pids.items():
-        each = [cpu_seconds(pid) for pid in (which if isinstance(which, list) else [which])]
-        figures[name] = None if not each or None in each else sum(f for f in each if f is not None)
-    return figures
+    return {name: cpu_of(which if isinstance(which, list) else [which]) for name, which in pids.items()}
 
 
 class _ScaleBench:

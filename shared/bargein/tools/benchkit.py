@@ -202,6 +202,15 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_of(pids: Iterable[int]) -> float | None:
+    """The CPU time a group of processes (a cluster's nodes) has used so far; None if any of them
+    cannot be read, or there are none."""
+    figures = [cpu_seconds(pid) for pid in pids]
+    if not figures or None in figures:
+        return None
+    return sum(figure for figure in figures if figure is not None)
+
+
 def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
