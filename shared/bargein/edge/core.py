@@ -123,6 +123,7 @@ HISTORY_FRAMES = 512  # replayed to a session's first connection (a greeting sen
 IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this process after this
 BACKLOG_INTERVAL_S = 0.5
 HOUSEKEEPING_S = 5.0  # how often sessions with no connections here are looked at
+HANG_UP_RETRY_S = 0.5  # between tellings of a hang-up the broker did not take
 
 
 AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
@@ -781,8 +782,8 @@ class Edge:
             # ended aside (its connections' last frames, the speech tier's records, the bindings):
             # awaited here it held up every other session's output (one consumer drains the queue
             # in order), and when a thousand callers hung up at once, for minutes
-            if envelope.source in Source.CALLER_SIDE:
-                self.spawn(self._end(session, "caller"))
+            if envelope.source in Source.CALLER_SIDE:  # told by the edge its caller used
+                self.spawn(self._end(session, "caller", owners_told=True))
             else:
                 self.spawn(self._end(session, "rejected" if event.reason == EndCall.REJECTED else "agent"))
 
@@ -812,8 +813,12 @@ class Edge:
         session: EdgeSession,
         reason: Literal["caller", "caller_left", "agent", "transferred", "rejected"],
         why: str = "agent ended the call",
+        *,
+        owners_told: bool = False,
     ) -> None:
-        """The call is over: tell every connection (after what is queued for it), close, tidy up."""
+        """The call is over: tell every connection (after what is queued for it), close, tidy up.
+        A caller's hang-up is told to the owners here (unless ``owners_told``: this edge heard it
+        from the broker), after the callers have heard ``ended``: see :meth:`_tell_hang_up`."""
         if session.ended:
             return
         session.ended = True
@@ -824,7 +829,9 @@ class Edge:
         await asyncio.sleep(0)
         for connection in list(session.connections):
             await connection.close_when_sent()
-        if reason == "caller":  # the owners heard the caller's EndCall already
+        if reason == "caller":
+            if not owners_told:
+                await self._tell_hang_up(session.session_id)
             await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
             with contextlib.suppress(Exception):  # the store is away: the sweep finds it over later
                 await self.store.forget_callers(session.session_id)
@@ -839,6 +846,36 @@ class Edge:
         ):  # over before its caller joined: a late join is told so
             await self.queue.remove_session(session.session_id)  # (then forgotten as idle)
         log.info("session %s ended (%s)", session.session_id, reason)
+
+    async def _tell_hang_up(self, session_id: str) -> None:
+        """Tell the owners the caller hung up, until they have it. A hang-up is never refused: the
+        caller has been told ``ended`` already, so a broker that is away, or slow (a thousand
+        callers hanging up at once), or a mailbox that is full (the agent is behind) only delays
+        it. Told again after a refusal, a queue that took it the first time (this edge's own, the
+        speech mailbox) hears it twice, which ends nothing twice."""
+        waited_since: float | None = None
+        while True:
+            try:
+                await self._publish(session_id, EndCall(reason="the caller hung up"))
+                break
+            except BrokerUnavailable as exc:
+                if waited_since is None:
+                    waited_since = time.monotonic()
+                    self.count("hang_ups_delayed")
+                    log.warning(
+                        "session %s: its hang-up waits for the broker (%s); told again", session_id, exc
+                    )
+                await asyncio.sleep(HANG_UP_RETRY_S)
+            except Exception as exc:  # a bug, or the edge's transport closed: the caller deadline ends it
+                self.count("hang_ups_untold")
+                log.warning(
+                    "session %s: its hang-up was not told: %s: %s", session_id, type(exc).__name__, exc
+                )
+                return
+        if waited_since is not None:
+            log.info(
+                "session %s: its hang-up was told after %.1f s", session_id, time.monotonic() - waited_since
+            )
 
     # --- from clients ----------------------------------------------------------------------------
 
@@ -915,9 +952,8 @@ class Edge:
                 session.clear(cut, "the caller pressed stop", since=time.time())
         elif isinstance(message, KeyPress):
             await self._publish(sid, DTMFInputEvent(button=message.button))
-        elif isinstance(message, End):
-            await self._publish(sid, EndCall(reason="the caller hung up"))
-            self.spawn(self._end(session, "caller"))  # aside: the caller's socket closes meanwhile
+        elif isinstance(message, End):  # aside: the caller's socket closes meanwhile
+            self.spawn(self._end(session, "caller"))
         return None
 
     # --- background ------------------------------------------------------------------------------
