@@ -274,6 +274,13 @@ class TranscriptionSettings(_Base):
     stt_threads: int = Field(default=1, ge=1, le=64, description="CPU threads per transcription.")
     stt_workers: int = Field(default=2, ge=1, le=64, description="Transcriptions run at once, at most.")
     stt_timeout_s: float = Field(default=10.0, gt=0, description="A transcription taking longer is given up.")
+    stt_window_s: float = Field(
+        default=10.0,
+        ge=1,
+        le=30,
+        description="whisper: seconds of audio a short clip is read in (Whisper's own window is 30 s; "
+        "a shorter one costs less in proportion; 30: always the whole window).",
+    )
     stt_base_url: str | None = Field(
         default=None, description="openai: the server's API root, e.g. http://gpu-box:8000/v1."
     )

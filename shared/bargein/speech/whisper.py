@@ -13,7 +13,10 @@ turn goes on without words; the session counts it).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import re
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,20 @@ from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.whisper")
 LANGUAGE = "en"  # the bundled model is English only
+RATE = 16_000
+SAMPLES_PER_FRAME = 160  # Whisper's features: one frame every 10 ms
+WINDOW_S = 30  # the window Whisper was trained on
+LEAD_S = 0.1  # and before it: Whisper reads a clip that starts at once worse (measured on the corpus)
+TAIL_S = 0.5  # silence after a clip's last sample, within the window: its last word is heard whole
+# A clip's words are at most this many tokens (Whisper tiny's speech runs at 3-4 a second): a
+# decoder that goes on past them repeats itself, which a short window makes more likely
+TOKENS_PER_S = 10
+TOKENS_SLACK = 8
+# faster-whisper's own rules for what is no speech and what is a decoder repeating itself
+NO_SPEECH_PROB = 0.6
+LOG_PROB_FLOOR = -1.0
+MAX_COMPRESSION_RATIO = 2.4
+SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 
 
 def bundled_model() -> Path:
@@ -50,6 +67,7 @@ class WhisperTranscriber:
         workers: int = 2,
         timeout_s: float = 10.0,
         prompt: str = DEFAULT_STT_PROMPT,
+        window_s: float = 10.0,
     ) -> None:
         try:
             from faster_whisper import WhisperModel  # type: ignore[import-untyped]
@@ -60,16 +78,37 @@ class WhisperTranscriber:
         directory = Path(model_dir) if model_dir is not None else bundled_model()
         if not (directory / "model.bin").is_file():
             raise SettingsError(f"BARGEIN_STT_MODEL: {directory} holds no CTranslate2 model (model.bin)")
+        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
+        from faster_whisper.transcribe import get_suppressed_tokens  # type: ignore[import-untyped]
+
         self.model: Any = WhisperModel(
             str(directory), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=workers
         )
+        self.window_s = window_s
+        tokenizer = Tokenizer(
+            self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language=LANGUAGE
+        )
+        self.tokenizer: Any = tokenizer
+        said = tokenizer.encode(" " + prompt.strip()) if prompt else []
+        self.prompt_tokens: list[int] = [
+            *([tokenizer.sot_prev, *said] if said else []),
+            *tokenizer.sot_sequence,
+            tokenizer.no_timestamps,
+        ]
+        self.suppressed: list[int] = list(get_suppressed_tokens(tokenizer, [-1]))
+        self.fell_back = 0  # short clips the short window could not read (see _short)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
         self.prompt = prompt or None
         self.directory = directory
         self.in_flight = InFlight(workers)
         log.info(
-            "speech-to-text: Whisper from %s, %d at a time, %d threads each", directory, workers, threads
+            "speech-to-text: Whisper from %s, %d at a time, %d threads each, clips under %g s in a window "
+            "of that length",
+            directory,
+            workers,
+            threads,
+            window_s,
         )
 
     @classmethod
@@ -80,6 +119,7 @@ class WhisperTranscriber:
             workers=settings.stt_workers,
             timeout_s=settings.stt_timeout_s,
             prompt=settings.stt_prompt,
+            window_s=settings.stt_window_s,
         )
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
@@ -100,6 +140,60 @@ class WhisperTranscriber:
             ) from None
 
     def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
+        """A clip short enough for a window shorter than Whisper's 30 s is read in that window; any
+        other, or one the short window misread, in Whisper's own (segment by segment)."""
+        window_s = self._window_for(samples.size)
+        if window_s is not None:
+            read = self._short(samples, window_s)
+            if not isinstance(read, Repeated):
+                return read
+            self.fell_back += 1
+        return self._whole(samples)
+
+    def _window_for(self, size: int) -> float | None:
+        """The window for a clip of ``size`` samples: ``window_s``, or the clip and its tail rounded
+        up to a second if that is longer; None when only Whisper's own window holds it."""
+        needed = float(np.ceil(size / RATE + LEAD_S + TAIL_S))
+        window = max(self.window_s, needed)
+        return window if window < WINDOW_S else None
+
+    def _short(self, samples: np.ndarray[Any, Any], window_s: float) -> str | Repeated | None:
+        """Whisper's encoder costs in proportion to its window, which it always fills to 30 s; a
+        caller's backchannel or turn is a second or a few, so most of that was silence. CTranslate2
+        encodes a shorter window (whisper.cpp's ``audio_ctx``): a 10 s window is read in a sixth of
+        the time, with the same words on this project's clips (docs/speech.md, "How fast words
+        come"). What a short window does worse is stop: the decoder may say the clip again and
+        again, so its tokens are bounded by the clip's length, and a repetitive reading (by
+        faster-whisper's own rule) is read again in the full window."""
+        from ctranslate2 import StorageView  # type: ignore[import-untyped]
+
+        frames = int(window_s * RATE) // SAMPLES_PER_FRAME
+        padded = np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32)
+        lead = int(LEAD_S * RATE)
+        padded[lead : lead + samples.size] = samples
+        features = self.model.feature_extractor(padded)[:, :frames]
+        encoded = self.model.model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
+        budget = TOKENS_SLACK + int(TOKENS_PER_S * samples.size / RATE)
+        result = self.model.model.generate(
+            encoded,
+            [self.prompt_tokens],
+            beam_size=1,
+            max_length=min(self.model.max_length, len(self.prompt_tokens) + budget),
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self.suppressed,
+        )[0]
+        tokens = result.sequences_ids[0]
+        text = str(self.tokenizer.decode(tokens)).strip()
+        mean_log_prob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        if result.no_speech_prob > NO_SPEECH_PROB and mean_log_prob < LOG_PROB_FLOOR:
+            return None
+        if len(tokens) >= budget or compression_ratio(text) > MAX_COMPRESSION_RATIO or says_again(text):
+            return REPEATED
+        return text or None
+
+    def _whole(self, samples: np.ndarray[Any, Any]) -> str | None:
         segments, _ = self.model.transcribe(
             samples,
             language=LANGUAGE,
@@ -113,3 +207,25 @@ class WhisperTranscriber:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Repeated:
+    """A reading the short window could not be trusted with (see :meth:`WhisperTranscriber._short`)."""
+
+
+REPEATED = Repeated()
+
+
+def compression_ratio(text: str) -> float:
+    """How much zlib shrinks ``text``: a decoder repeating itself shrinks well (faster-whisper's
+    measure, over 2.4 for a repetitive reading)."""
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def says_again(text: str) -> bool:
+    """Whether a sentence of ``text`` follows itself ("Mm-hmm. Mm-hmm."): what a short window's
+    decoder does on noise or past a clip's end; the whole window reads such a clip again."""
+    sentences = [part.strip(" .?!,").lower() for part in SENTENCE_END.split(text)]
+    sentences = [part for part in sentences if part]
+    return any(a == b for a, b in itertools.pairwise(sentences))
