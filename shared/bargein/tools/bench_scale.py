@@ -105,6 +105,20 @@ def queue_leader(node: str | None, queue: str) -> str | None:
     return None
 
 
+def file_handle_limit(node: str | None) -> int | None:
+    """How many files a RabbitMQ node's classic queues may hold open (its file handle cache)."""
+    which = ["-n", node] if node is not None else []
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+        done = subprocess.run(
+            ["rabbitmqctl", *which, "-q", "eval", "file_handle_cache:get_limit()."],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+        return int(done.stdout.decode().strip())
+    return None
+
+
 def cpu_by_process(pids: dict[str, int | list[int]]) -> dict[str, float | None]:
     """CPU seconds each named process (or group of processes: a cluster's nodes) has used."""
     return {name: cpu_of(which if isinstance(which, list) else [which]) for name, which in pids.items()}
@@ -172,6 +186,17 @@ class _ScaleBench:
     # --- bargein as built ---------------------------------------------------------------------
 
     async def as_built(self) -> list[dict[str, Any]]:
+        nodes: list[str | None] = [*self.nodes] if self.nodes else [None]
+        for node in nodes:
+            limit = await asyncio.to_thread(file_handle_limit, node)
+            if limit is not None and limit < 2 * max(self.levels):
+                self.say(
+                    f"  warning: RabbitMQ{' ' + node if node else ''} may hold {limit} files open, fewer "
+                    f"than the {2 * max(self.levels)} mailboxes of {max(self.levels)} sessions: its file "
+                    "handle cache will work through every queue at each queue operation (ending "
+                    "sessions ran at 3 a second with 2,000 open here); raise its open-files limit "
+                    "(docs/operations.md, 'Open files')"
+                )
         bench = _SessionsBench(
             sessions=max(self.levels),
             concurrency=self.concurrency,
