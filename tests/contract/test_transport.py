@@ -28,6 +28,7 @@ from bargein import (
     UserTranscriptionReceived,
 )
 from bargein.errors import BrokerUnavailable, NotOwner, UnroutableError
+from bargein.transport.abc import Subscription
 from bargein.wire.envelope import Envelope, encode
 from bargein.wire.names import IN, OUT, TIER_EDGE, TIER_REASONING, TIER_SPEECH, mailbox_queue
 
@@ -301,6 +302,38 @@ async def test_a_handler_that_is_not_the_owner_puts_the_message_back_and_stops(
     assert current.alive
     await current.cancel()
     assert not current.alive
+
+
+async def test_a_message_put_back_while_its_consumer_is_being_cancelled_is_not_handed_back_to_it(
+    bus: Bus, session: Session
+) -> None:
+    """A session closing (its owner cancels the consumer) while a message for it arrives: the
+    handler says NotOwner and the message goes back to the mailbox. Put back before the cancel had
+    got through, the broker handed it straight back to the same consumer, again and again (a mass
+    hang-up: the leftovers of every closing session went round, and the broker with them)."""
+    s = session()
+    publisher, closing = await bus.transport(), await bus.transport()
+    calls: list[str] = []
+    stale: Subscription | None = None
+
+    async def closed_meanwhile(envelope: Envelope, event: Event) -> None:
+        calls.append(getattr(event, "content", ""))
+        assert stale is not None
+        asyncio.get_running_loop().create_task(stale.cancel())  # the owner closes the session
+        await asyncio.sleep(0)  # its cancel is on its way when the message is refused
+        raise NotOwner("closed")
+
+    stale = await closing.open_mailbox(s, TIER_REASONING, IN, closed_meanwhile)
+    await publisher.publish(Envelope.wrap(s, text("late")), IN)
+    await until(lambda: not stale.alive and calls)
+    await asyncio.sleep(0.5)  # time for the message to come round again, if it did
+    assert calls == ["late"]
+    seen: Seen = []
+    owner = await bus.transport()
+    current = await owner.open_mailbox(s, TIER_REASONING, IN, recorder(seen))
+    await until(lambda: len(seen) == 1)
+    assert contents(seen) == ["late"]  # put back, not lost
+    await current.cancel()
 
 
 async def test_what_a_thawed_consumer_puts_back_reaches_the_owner_already_waiting_behind_it(

@@ -165,6 +165,8 @@ class _Consumer(Subscription):
         self._stop = stop
         self._tag: str | None = tag
         self._underlay = underlay
+        self._cancelling: asyncio.Future[None] | None = None
+        self._refused = False
 
     @property
     def alive(self) -> bool:
@@ -176,17 +178,35 @@ class _Consumer(Subscription):
             return True
         return not self._underlay.is_closed and self._tag in getattr(self._underlay, "consumers", {})
 
+    @property
+    def closing(self) -> bool:
+        """Its owner is cancelling it (the session is closing here), not its handler's NotOwner."""
+        return self._cancelling is not None and not self._refused
+
+    def refused(self) -> None:
+        """Its handler said NotOwner: what it puts back is for another process, in its turn."""
+        self._refused = True
+
     def stopped(self) -> None:
         """The handler said NotOwner: this consumer counts as gone."""
         self._tag = None
 
     async def cancel(self) -> None:
-        tag, self._tag = self._tag, None
-        if tag is not None:
-            try:
-                await self._stop(tag)
-            except Exception as exc:  # the channel may already be gone; nothing left to stop
-                log.debug("cancelling consumer %s: %s", tag, exc)
+        """Stop consuming. A second call while the first is on its way waits for it: a handler
+        that says NotOwner while its owner closes the session puts its message back only once
+        the consumer is gone, or the broker hands it straight back to it."""
+        if self._cancelling is None:
+            tag, self._tag = self._tag, None
+            self._cancelling = asyncio.ensure_future(self._stop_consuming(tag))
+        await asyncio.shield(self._cancelling)
+
+    async def _stop_consuming(self, tag: str | None) -> None:
+        if tag is None:
+            return
+        try:
+            await self._stop(tag)
+        except Exception as exc:  # the channel may already be gone; nothing left to stop
+            log.debug("cancelling consumer %s: %s", tag, exc)
 
 
 def _forget_binding(queue: AbstractRobustQueue, exchange: str, key: str) -> None:
@@ -846,8 +866,18 @@ class AmqpTransport(Transport):
             except asyncio.CancelledError:
                 raise  # unacknowledged: redelivered to the next consumer
             except NotOwner:  # back to the mailbox, for the owner; this consumer stops here
-                await channel.basic_nack(message.tag, requeue=True)
-                await consumer.cancel()
+                if consumer.closing:
+                    # its owner is closing the session: put back once the cancel has got through,
+                    # or the message comes straight back to this consumer, over and over (every
+                    # closing session's leftovers in a mass hang-up, the broker busy with them)
+                    await consumer.cancel()
+                    with contextlib.suppress(*BROKER_GONE):  # its channel closed: put back by the broker
+                        await channel.basic_nack(message.tag, requeue=True)
+                else:  # a process that lost the session: put back at once, for the owner behind it
+                    consumer.refused()
+                    with contextlib.suppress(*BROKER_GONE):
+                        await channel.basic_nack(message.tag, requeue=True)
+                    await consumer.cancel()
                 consumer.stopped()
                 return
             await channel.basic_ack(message.tag)
