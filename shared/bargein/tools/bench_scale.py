@@ -70,18 +70,23 @@ SAMPLES = 100
 SAMPLE_INTERVAL_S = 0.1
 
 
-def broker_pid(node: str | None) -> int | None:
-    """The OS process of a RabbitMQ node on this machine (its CPU time is read from /proc)."""
+def broker_eval_int(node: str | None, expression: str) -> int | None:
+    """An Erlang expression evaluated on a RabbitMQ node that answers a number (None: no answer)."""
     which = ["-n", node] if node is not None else []
     with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
         done = subprocess.run(
-            ["rabbitmqctl", *which, "-q", "eval", "os:getpid()."],
+            ["rabbitmqctl", *which, "-q", "eval", expression],
             capture_output=True,
             timeout=30,
             check=True,
         )
         return int(done.stdout.decode().strip().strip('"'))
     return None
+
+
+def broker_pid(node: str | None) -> int | None:
+    """The OS process of a RabbitMQ node on this machine (its CPU time is read from /proc)."""
+    return broker_eval_int(node, "os:getpid().")
 
 
 def queue_leader(node: str | None, queue: str) -> str | None:
@@ -107,16 +112,7 @@ def queue_leader(node: str | None, queue: str) -> str | None:
 
 def file_handle_limit(node: str | None) -> int | None:
     """How many files a RabbitMQ node's classic queues may hold open (its file handle cache)."""
-    which = ["-n", node] if node is not None else []
-    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-        done = subprocess.run(
-            ["rabbitmqctl", *which, "-q", "eval", "file_handle_cache:get_limit()."],
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-        return int(done.stdout.decode().strip())
-    return None
+    return broker_eval_int(node, "file_handle_cache:get_limit().")
 
 
 def cpu_by_process(pids: dict[str, int | list[int]]) -> dict[str, float | None]:
