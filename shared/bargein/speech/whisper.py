@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from bargein.agent.events import SAMPLE_RATE
 from bargein.errors import SettingsError
 from bargein.settings import DEFAULT_STT_PROMPT, TranscriptionSettings
 from bargein.speech.inflight import InFlight
 
 log = logging.getLogger("bargein.speech.whisper")
 LANGUAGE = "en"  # the bundled model is English only
-RATE = 16_000
 SAMPLES_PER_FRAME = 160  # Whisper's features: one frame every 10 ms
 WINDOW_S = 30  # the window Whisper was trained on
 LEAD_S = 0.1  # and before it: Whisper reads a clip that starts at once worse (measured on the corpus)
@@ -123,7 +123,7 @@ class WhisperTranscriber:
         )
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
-        if sample_rate != 16_000:
+        if sample_rate != SAMPLE_RATE:
             raise ValueError(f"Whisper takes 16 kHz audio, got {sample_rate} Hz")
         samples = np.frombuffer(audio[: len(audio) // 2 * 2], dtype=np.int16).astype(np.float32) / 32768
         if not samples.size:
@@ -136,7 +136,7 @@ class WhisperTranscriber:
             return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
         except TimeoutError:
             raise TimeoutError(
-                f"transcribing {samples.size / 16_000:.1f} s took over {self.timeout_s} s"
+                f"transcribing {samples.size / SAMPLE_RATE:.1f} s took over {self.timeout_s} s"
             ) from None
 
     def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
@@ -153,7 +153,7 @@ class WhisperTranscriber:
     def _window_for(self, size: int) -> float | None:
         """The window for a clip of ``size`` samples: ``window_s``, or the clip and its tail rounded
         up to a second if that is longer; None when only Whisper's own window holds it."""
-        needed = float(np.ceil(size / RATE + LEAD_S + TAIL_S))
+        needed = float(np.ceil(size / SAMPLE_RATE + LEAD_S + TAIL_S))
         window = max(self.window_s, needed)
         return window if window < WINDOW_S else None
 
@@ -167,13 +167,13 @@ class WhisperTranscriber:
         faster-whisper's own rule) is read again in the full window."""
         from ctranslate2 import StorageView  # type: ignore[import-untyped]
 
-        frames = int(window_s * RATE) // SAMPLES_PER_FRAME
+        frames = int(window_s * SAMPLE_RATE) // SAMPLES_PER_FRAME
         padded = np.zeros(frames * SAMPLES_PER_FRAME, dtype=np.float32)
-        lead = int(LEAD_S * RATE)
+        lead = int(LEAD_S * SAMPLE_RATE)
         padded[lead : lead + samples.size] = samples
         features = self.model.feature_extractor(padded)[:, :frames]
         encoded = self.model.model.encode(StorageView.from_array(np.ascontiguousarray(features[None])))
-        budget = TOKENS_SLACK + int(TOKENS_PER_S * samples.size / RATE)
+        budget = TOKENS_SLACK + int(TOKENS_PER_S * samples.size / SAMPLE_RATE)
         result = self.model.model.generate(
             encoded,
             [self.prompt_tokens],

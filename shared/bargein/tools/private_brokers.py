@@ -120,12 +120,7 @@ class PrivateRabbit:
             else:
                 for path in [self.base, *self.base.rglob("*")]:
                     os.chown(path, user.pw_uid, user.pw_gid)
-        subprocess.run(
-            ["rabbitmq-server", "-detached"],
-            env=self._env(),
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, capture_output=True)
         self.await_ready()
 
     def await_ready(self) -> None:
@@ -181,12 +176,7 @@ class PrivateRabbit:
 
     def boot(self) -> None:
         """Start a node that was stopped or killed again, with its data (a cluster member rejoins)."""
-        subprocess.run(
-            ["rabbitmq-server", "-detached"],
-            env=self._env(),
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True, capture_output=True)
         self.await_ready()
 
     def join(self, other: PrivateRabbit) -> None:

@@ -187,10 +187,6 @@ class _Consumer(Subscription):
         """Its handler said NotOwner: what it puts back is for another process, in its turn."""
         self._refused = True
 
-    def stopped(self) -> None:
-        """The handler said NotOwner: this consumer counts as gone."""
-        self._tag = None
-
     async def cancel(self) -> None:
         """Stop consuming. A second call while the first is on its way waits for it: a handler
         that says NotOwner while its owner closes the session puts its message back only once
@@ -871,14 +867,11 @@ class AmqpTransport(Transport):
                     # or the message comes straight back to this consumer, over and over (every
                     # closing session's leftovers in a mass hang-up, the broker busy with them)
                     await consumer.cancel()
-                    with contextlib.suppress(*BROKER_GONE):  # its channel closed: put back by the broker
-                        await channel.basic_nack(message.tag, requeue=True)
                 else:  # a process that lost the session: put back at once, for the owner behind it
                     consumer.refused()
-                    with contextlib.suppress(*BROKER_GONE):
-                        await channel.basic_nack(message.tag, requeue=True)
-                    await consumer.cancel()
-                consumer.stopped()
+                with contextlib.suppress(*BROKER_GONE):  # its channel closed: put back by the broker
+                    await channel.basic_nack(message.tag, requeue=True)
+                await consumer.cancel()  # (done already when its owner was closing it)
                 return
             await channel.basic_ack(message.tag)
 
