@@ -237,3 +237,32 @@ def test_a_yes_begun_over_the_agents_last_words_is_a_turn_once_the_agent_has_sto
     policy2 = held()
     feed(policy2, [HI] * n(300))
     assert policy2.judged("Yes.", policy2.burst, final=True) == []  # the agent goes on: a backchannel
+
+
+def test_a_word_the_engine_heard_only_the_start_of_is_judged_when_it_is_whole() -> None:
+    """Whisper marks a word cut off at the end of the audio with a trailing hyphen ("Alright." read
+    on its first quarter-second as "Bo-la-"): what that word will be is not known yet, so it cuts
+    nothing off until a later reading has it whole (bench bargein-decisions' wrong cuts, 12-06)."""
+    policy = held()
+    feed(policy, [LO] * 5 + [HI] * n(320))
+    assert policy.judged("Bo-la-", policy.burst) == []  # not yet a word
+    assert policy.judged("Alright.", policy.burst) == []  # whole: a backchannel, still held
+    assert feed(policy, [LO] * n(600)) == ["UserBackchannel"]
+    cut = held()
+    feed(cut, [LO] * 5 + [HI] * n(320))
+    assert cut.judged("Wait, st-", cut.burst) != []  # the whole words before it still count
+    ends = held()
+    feed(ends, [LO] * 5 + [HI] * n(320))
+    (barge,) = ends.judged("Bo-la-", ends.burst, final=True)  # the burst is over: all it will say
+    assert isinstance(barge.event, UserStartedSpeaking)
+
+
+def test_words_that_end_in_a_cut_off_word_do_not_let_the_agent_go_on() -> None:
+    """ "Uh-huh, bu-" may be "uh-huh, but wait": the agent stays paused until the word is whole."""
+    policy = held(soft_pause_ms=100)
+    feed(policy, [LO] * 5 + [HI] * n(320) + [LO] * n(200))
+    assert policy.held_quiet
+    assert policy.judged("Uh-huh, bu-", policy.burst) == []  # no release: the words say too little
+    assert policy.held_quiet  # asks for a reading that reaches the quiet
+    (released,) = policy.judged("Uh-huh.", policy.burst)
+    assert released.event.type_name() == "UserOnsetDismissed"

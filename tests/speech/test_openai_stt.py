@@ -38,7 +38,7 @@ def samples_of(wav_file: bytes) -> np.ndarray:
 
 async def test_turns_are_sent_as_wav_and_the_servers_words_come_back(whisper: WhisperTranscriber) -> None:
     def answer(data: bytes, fields: dict[str, str]) -> Answer:
-        return Answer(text=whisper._words(samples_of(data)) or "")
+        return Answer(text=whisper._words(samples_of(data)).text or "")
 
     with SttServer(answer) as server:
         engine = OpenAITranscriber(server.url, api_key="sk-test", model="whisper-large-v3")

@@ -90,6 +90,17 @@ def test_the_judges_waits() -> None:
     assert not silence.needs_words and silence.judge(Heard("and the")).silence_ms == 500
 
 
+def test_a_full_stop_the_engine_doubted_waits_as_long_as_an_unfinished_sentence() -> None:
+    """Whisper tiny finishes half a sentence for the caller ("The problem is that" → "The problem is
+    not.", with 0.59 on its full stop): the judge must not end the turn on it after 250 ms."""
+    text = TextJudge(end_silence_ms=250, min_silence_ms=500, max_silence_ms=2000)
+    doubted = text.judge(Heard("The problem is not.", ending=0.59))
+    assert (doubted.completion, doubted.silence_ms) == (Completion.DOUBTED, 2000)
+    assert text.judge(Heard("I want a refund.", ending=0.86)).silence_ms == 250  # sure of it
+    assert text.judge(Heard("I want a refund.")).silence_ms == 250  # an engine that cannot say
+    assert text.judge(Heard("and the", ending=0.95)).completion is Completion.UNFINISHED  # the words
+
+
 def test_auto_is_text_where_words_are_heard() -> None:
     assert resolve_detector("auto", words=True) == "text"
     assert resolve_detector("auto", words=False) == "silence"

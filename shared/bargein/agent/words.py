@@ -24,10 +24,11 @@ from bargein.agent.events import (
 from bargein.agent.message import Message
 from bargein.settings import DEFAULT_BACKCHANNELS
 
-__all__ = ["DEFAULT_BACKCHANNELS", "content_words", "spoken_words", "words_at_least"]
+__all__ = ["DEFAULT_BACKCHANNELS", "content_words", "spoken_words", "whole_words", "words_at_least"]
 
 _NON_SPEECH = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
 _WORD = re.compile(r"[a-z0-9]+(?:['\u2019-][a-z0-9]+)*")
+_CUT_OFF_WORD = re.compile(r"\S*\w-\s*$")  # "Bo-la-", "st-": a word the audio ended in the middle of
 
 
 def spoken_words(text: str | None) -> list[str]:
@@ -35,6 +36,15 @@ def spoken_words(text: str | None) -> list[str]:
     if not text:
         return []
     return _WORD.findall(_NON_SPEECH.sub(" ", text.lower()))
+
+
+def whole_words(text: str | None) -> str | None:
+    """``text`` without a last word the engine heard only the start of: Whisper ends a reading
+    whose audio stops mid-word with that word's start and a hyphen ("Alright." read on its first
+    quarter-second as "Bo-la-"). What the word will be is not known yet; a later reading has it."""
+    if not text:
+        return text
+    return _CUT_OFF_WORD.sub("", text)
 
 
 def content_words(text: str | None, backchannels: Iterable[str] = DEFAULT_BACKCHANNELS) -> list[str]:

@@ -54,8 +54,14 @@ from bargein.hosting.host import Ownership, ProcessorFactory
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings, SpeechSettings, TranscriptionSettings, load
 from bargein.speech.batcher import VadBatcher
+from bargein.speech.reading import Reading
 from bargein.speech.smart_turn import SmartTurnModel, shared_smart_turn
-from bargein.speech.transcriber import NullTranscriber, Transcriber, transcriber_from_settings
+from bargein.speech.transcriber import (
+    NullTranscriber,
+    ReadsEndings,
+    Transcriber,
+    transcriber_from_settings,
+)
 from bargein.speech.turn_end import Completion, Heard
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
@@ -377,13 +383,9 @@ class SpeechSession(SessionProcessor):
             return Heard(failed=True)
         self.counters["pause_transcriptions"] += 1
         if not self.policy.judge.needs_audio or self.smart_turn is None:
-            return await self._heard(audio)
-        heard, complete = await asyncio.gather(self._heard(audio), self._complete(audio))
+            return await self._words(audio)
+        heard, complete = await asyncio.gather(self._words(audio), self._complete(audio))
         return dataclasses.replace(heard, complete=complete)
-
-    async def _heard(self, audio: bytes) -> Heard:
-        text, failed = await self._words(audio)
-        return Heard(text, failed)
 
     async def _complete(self, audio: bytes) -> float | None:
         """The acoustic model's probability that the turn whose audio this is is complete."""
@@ -401,7 +403,7 @@ class SpeechSession(SessionProcessor):
         job = self._pause_words
         if job is not None and job[0] == self.policy.pause and not job[1].cancelled():
             return job[1]
-        return self._heard(b"".join(self._turn_audio))
+        return self._words(b"".join(self._turn_audio))
 
     def _emit(self, emissions: list[Emission]) -> None:
         for emission in emissions:
@@ -423,9 +425,9 @@ class SpeechSession(SessionProcessor):
                     await asyncio.sleep((1 if quiet else REJUDGE_WINDOWS) * WINDOW_MS / 1000)
                     continue
                 judged, upto_ms = len(self._turn_audio), policy.at_ms
-                text, failed = await self._words(b"".join(self._turn_audio))
+                heard = await self._words(b"".join(self._turn_audio))
                 self.counters["judgements"] += 1
-                self._judged(text, failed, burst, upto_ms=upto_ms)
+                self._judged(heard.words, heard.failed, burst, upto_ms=upto_ms)
         finally:
             self._judging = False
 
@@ -484,15 +486,22 @@ class SpeechSession(SessionProcessor):
         if not self.closed:
             self._advance()
 
-    async def _words(self, audio: bytes) -> tuple[str | None, bool]:
-        """(text, failed): the engine's words for ``audio``; a failure is logged and counted, and
-        never loses the turn (the caller decides what happens without words)."""
+    async def _words(self, audio: bytes) -> Heard:
+        """The engine's words for ``audio`` (with how sure it was that the sentence ends there, if
+        it can say: :class:`ReadsEndings`); a failure is logged and counted (``failed``), and never
+        loses the turn (the caller decides what happens without words)."""
         self.counters["transcriptions"] += 1
         try:
             started = time.monotonic()
-            text = await self.transcriber.transcribe(
-                audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
-            )
+            if isinstance(self.transcriber, ReadsEndings):
+                reading = await self.transcriber.read(
+                    audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
+                )
+            else:
+                text = await self.transcriber.transcribe(
+                    audio, session_id=self.session_id, sample_rate=SAMPLE_RATE
+                )
+                reading = Reading(text)
             metrics.STT_SECONDS.labels(self.engine).observe(time.monotonic() - started)
         except (TranscriberBehind, TimeoutError) as exc:
             self.counters["stt_behind"] += 1
@@ -501,15 +510,15 @@ class SpeechSession(SessionProcessor):
             if now - self._behind_reported >= BEHIND_REPORT_S:
                 self._behind_reported = now
                 self._send(SessionError(code=SessionErrorCode.STT_BEHIND, message=str(exc)), OUT)
-            return None, True
+            return Heard(failed=True)
         except Exception:
             self.counters["transcriber_errors"] += 1
             log.exception(
                 "session %s: the transcriber failed; the turn goes on without text", self.session_id
             )
-            return None, True
-        text = text.strip() if text else ""
-        return text or None, False
+            return Heard(failed=True)
+        text = reading.text.strip() if reading.text else ""
+        return Heard(text or None, ending=reading.ending)
 
     def _announce(self, emission: Emission) -> None:
         end = (

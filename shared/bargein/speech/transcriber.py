@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from bargein.settings import TranscriptionSettings
 from bargein.speech.openai_stt import OpenAITranscriber
+from bargein.speech.reading import Reading
 from bargein.speech.whisper import WhisperTranscriber
 
 log = logging.getLogger("bargein.speech")
@@ -36,6 +37,16 @@ class Transcriber(Protocol):
         """The words in ``audio`` (one user turn), or None if there are none or no STT is wired.
         Raising is treated as None (logged and counted): a failed STT must not lose the turn;
         :class:`TranscriberBehind` and :class:`TimeoutError` say it is behind."""
+        ...
+
+
+@runtime_checkable
+class ReadsEndings(Protocol):
+    """An engine that can also say how sure it is that the caller's sentence ends where its words
+    do (the bundled Whisper): the text turn-end judge then waits longer on a doubted full stop."""
+
+    async def read(self, audio: bytes, *, session_id: str, sample_rate: int) -> Reading:
+        """:meth:`Transcriber.transcribe`'s words with that probability; raises as it does."""
         ...
 
 

@@ -11,8 +11,9 @@ to end the turn:
   before; also what any judge falls back to without words);
 * :class:`TextJudge` (``text``, the default where speech-to-text runs): the words of the turn so
   far, transcribed as the pause begins, read by :func:`completion`: a finished sentence ends the
-  turn after ``end_silence_ms``; an unfinished one waits up to ``max_silence_ms``; words that say
-  neither wait ``min_silence_ms``;
+  turn after ``end_silence_ms``; an unfinished one waits up to ``max_silence_ms``, and so does a
+  finished one whose full stop the engine itself doubted (``Heard.ending`` under ``ENDING_DOUBT``:
+  Whisper finishes many a half sentence, unsure); words that say neither wait ``min_silence_ms``;
 * :class:`SmartTurnJudge` (``smart-turn``): an acoustic model's probability that the turn is
   complete (:mod:`bargein.speech.smart_turn`, Pipecat's smart-turn v3.2), on the turn's audio as
   the pause begins: complete ends it after ``end_silence_ms``, not complete waits ``max_silence_ms``.
@@ -35,6 +36,11 @@ from bargein.agent.words import spoken_words
 
 TurnDetector = Literal["auto", "silence", "text", "smart-turn"]
 COMPLETE_THRESHOLD: Final = 0.5  # the smart-turn model's own: a probability above it is complete
+# A reading that closes a sentence with less than this probability on its mark (Reading.ending) may
+# be half a sentence the engine finished for the caller: Whisper tiny reads eSpeak NG's "The problem
+# is that" as "The problem is not." (0.59 on the full stop, 0.18 on "..."), and a finished sentence
+# with 0.7 or more on it in 117 of 120 readings of the turn corpus (docs/speech.md, "The end of a turn")
+ENDING_DOUBT: Final = 0.7
 
 
 def _wordlist(text: str) -> frozenset[str]:
@@ -45,6 +51,7 @@ class Completion(enum.Enum):
     """What the words of a turn so far say of it."""
 
     FINISHED = "finished"  # a sentence that ends: "I want a refund."
+    DOUBTED = "doubted"  # reads finished, but the engine was unsure of its full stop (ENDING_DOUBT)
     UNSURE = "unsure"  # no words, or nothing either way: "Thanks" (no punctuation)
     UNFINISHED = "unfinished"  # it goes on: "My account number is...", "... and the"
 
@@ -156,6 +163,7 @@ class Heard:
     words: str | None = None  # the transcript so far (None: none, or the engine failed)
     failed: bool = False  # the engine could not say (failed, timed out, behind)
     complete: float | None = None  # the acoustic model's probability (None: not asked, or failed)
+    ending: float | None = None  # the engine's probability that the sentence ends there (Reading)
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,7 @@ class TextJudge(TurnEndJudge):
             Completion.UNSURE: min_silence_ms,
             # never shorter than an unsure turn's wait, whatever the settings say
             Completion.UNFINISHED: max(max_silence_ms, min_silence_ms),
+            Completion.DOUBTED: max(max_silence_ms, min_silence_ms),
         }
 
     @property
@@ -226,6 +235,8 @@ class TextJudge(TurnEndJudge):
 
     def judge(self, heard: Heard) -> Verdict:
         read = completion(None if heard.failed else heard.words)
+        if read is Completion.FINISHED and heard.ending is not None and heard.ending < ENDING_DOUBT:
+            read = Completion.DOUBTED  # waits as long as an unfinished one, but may be answered ahead
         return Verdict(read, self.waits[read])
 
     @property

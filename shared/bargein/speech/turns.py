@@ -70,7 +70,7 @@ from bargein.agent.events import (
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
-from bargein.agent.words import content_words, spoken_words
+from bargein.agent.words import content_words, spoken_words, whole_words
 from bargein.errors import TurnTakingError
 from bargein.settings import (
     TURN_TAKING_FIELDS,
@@ -425,13 +425,18 @@ class TurnPolicy:
         self, text: str | None, burst: int, *, final: bool = False, upto_ms: float | None = None
     ) -> list[Emission]:
         """The words of held burst ``burst`` so far (``final``: of all of it, as it ends; ``upto_ms``:
-        of its audio up to then, by default up to now). A barge-in once they hold
+        of its audio up to then, by default up to now; a last word cut off mid-way, "Bo-la-", counts
+        only in the final reading: :func:`~bargein.agent.words.whole_words`). A barge-in once they hold
         ``interrupt_words`` words besides backchannels; otherwise the burst stays held, and if it
         has gone quiet and they reach the quiet, the agent goes on (:meth:`_released`). At its
         end, if the agent has stopped speaking meanwhile, any words are the caller's turn (a "yes"
         that answers the question the agent was finishing)."""
         if burst != self.burst or self.state is not State.HELD:
             return []  # a late answer about a burst already decided
+        if not final and whole_words(text) != text:
+            # a word the audio so far ends in the middle of is judged once a later reading has it
+            # whole; till then these words do not speak for the audio up to now (no release either)
+            text, upto_ms = whole_words(text), self._heard_upto_ms
         self._heard = text
         self._heard_upto_ms = self.at_ms if upto_ms is None else upto_ms
         answers = final and not self.agent_speaking and bool(spoken_words(text))

@@ -27,6 +27,7 @@ from bargein.agent.events import SAMPLE_RATE
 from bargein.errors import SettingsError
 from bargein.settings import DEFAULT_STT_PROMPT, TranscriptionSettings
 from bargein.speech.inflight import InFlight
+from bargein.speech.reading import Reading
 
 log = logging.getLogger("bargein.speech.whisper")
 LANGUAGE = "en"  # the bundled model is English only
@@ -43,6 +44,7 @@ NO_SPEECH_PROB = 0.6
 LOG_PROB_FLOOR = -1.0
 MAX_COMPRESSION_RATIO = 2.4
 SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+SENTENCE_MARKS = (".", "?", "!")  # each one token of Whisper's
 
 
 def bundled_model() -> Path:
@@ -96,6 +98,7 @@ class WhisperTranscriber:
             tokenizer.no_timestamps,
         ]
         self.suppressed: list[int] = list(get_suppressed_tokens(tokenizer, [-1]))
+        self.sentence_ends: list[int] = [tokenizer.encode(mark)[0] for mark in SENTENCE_MARKS]
         self.fell_back = 0  # short clips the short window could not read (see _short)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
@@ -123,11 +126,16 @@ class WhisperTranscriber:
         )
 
     async def transcribe(self, audio: bytes, *, session_id: str, sample_rate: int) -> str | None:
+        return (await self.read(audio, session_id=session_id, sample_rate=sample_rate)).text
+
+    async def read(self, audio: bytes, *, session_id: str, sample_rate: int) -> Reading:
+        """The words in ``audio``, and how sure the decoder was that the caller's sentence ends
+        where they end (:class:`~bargein.speech.transcriber.Reading`)."""
         if sample_rate != SAMPLE_RATE:
             raise ValueError(f"Whisper takes 16 kHz audio, got {sample_rate} Hz")
         samples = np.frombuffer(audio[: len(audio) // 2 * 2], dtype=np.int16).astype(np.float32) / 32768
         if not samples.size:
-            return None
+            return Reading(None)
         self.in_flight.admit("transcriptions running or waiting")
         job = asyncio.get_running_loop().run_in_executor(self.pool, self._words, samples)
         # counted when the thread is done, not when the caller gave up waiting
@@ -139,7 +147,7 @@ class WhisperTranscriber:
                 f"transcribing {samples.size / SAMPLE_RATE:.1f} s took over {self.timeout_s} s"
             ) from None
 
-    def _words(self, samples: np.ndarray[Any, Any]) -> str | None:
+    def _words(self, samples: np.ndarray[Any, Any]) -> Reading:
         """A clip short enough for a window shorter than Whisper's 30 s is read in that window; any
         other, or one the short window misread, in Whisper's own (segment by segment)."""
         window_s = self._window_for(samples.size)
@@ -148,7 +156,7 @@ class WhisperTranscriber:
             if not isinstance(read, Repeated):
                 return read
             self.fell_back += 1
-        return self._whole(samples)
+        return Reading(self._whole(samples))
 
     def _window_for(self, size: int) -> float | None:
         """The window for a clip of ``size`` samples: ``window_s``, or the clip and its tail rounded
@@ -157,7 +165,7 @@ class WhisperTranscriber:
         window = max(self.window_s, needed)
         return window if window < WINDOW_S else None
 
-    def _short(self, samples: np.ndarray[Any, Any], window_s: float) -> str | Repeated | None:
+    def _short(self, samples: np.ndarray[Any, Any], window_s: float) -> Reading | Repeated:
         """Whisper's encoder costs in proportion to its window, which it always fills to 30 s; a
         caller's backchannel or turn is a second or a few, so most of that was silence. CTranslate2
         encodes a shorter window (whisper.cpp's ``audio_ctx``): a 10 s window is read in a sixth of
@@ -180,6 +188,7 @@ class WhisperTranscriber:
             beam_size=1,
             max_length=min(self.model.max_length, len(self.prompt_tokens) + budget),
             return_scores=True,
+            return_logits_vocab=True,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self.suppressed,
@@ -188,10 +197,23 @@ class WhisperTranscriber:
         text = str(self.tokenizer.decode(tokens)).strip()
         mean_log_prob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         if result.no_speech_prob > NO_SPEECH_PROB and mean_log_prob < LOG_PROB_FLOOR:
-            return None
+            return Reading(None)
         if len(tokens) >= budget or compression_ratio(text) > MAX_COMPRESSION_RATIO or says_again(text):
             return REPEATED
-        return text or None
+        return Reading(text or None, self._ending(tokens, result.logits[0]))
+
+    def _ending(self, tokens: list[int], logits: list[Any]) -> float | None:
+        """How sure the decoder was that the sentence ends where the reading does: the probability
+        it gave a full stop, a question or an exclamation mark at the step it wrote the last one
+        (None when the reading ends in none). Whisper tiny writes a full stop after half a sentence
+        too ("The problem is that" read as "The problem is not."), but with less conviction, and it
+        puts more on "..." there: the turn-end judge waits longer on such a reading
+        (:mod:`bargein.speech.turn_end`, ``ENDING_DOUBT``)."""
+        if not tokens or tokens[-1] not in self.sentence_ends or len(logits) < len(tokens):
+            return None
+        step = np.asarray(logits[len(tokens) - 1], dtype=np.float64).reshape(-1)
+        odds = np.exp(step - step.max())
+        return float(odds[self.sentence_ends].sum() / odds.sum())
 
     def _whole(self, samples: np.ndarray[Any, Any]) -> str | None:
         segments, _ = self.model.transcribe(
