@@ -57,12 +57,37 @@ from bargein.tools.benchkit import (
 )
 from bargein.tools.turn_corpus import FINISHED, PAUSED, PAUSES_MS, RATES, VOICES, Clip, build
 
-VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("text", {"turn_detector": "text", "speculative_turns": True}),
-    ("text, no speculation", {"turn_detector": "text", "speculative_turns": False}),
-    ("smart-turn", {"turn_detector": "smart-turn", "speculative_turns": True}),
-    ("silence 500 ms", {"turn_detector": "silence", "min_silence_ms": 500}),
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of ending a turn: ``key`` picks it (``--judges``), ``name`` reports it, ``options``
+    are the session's ``turn_taking``."""
+
+    key: str
+    name: str
+    options: dict[str, Any]
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("text", "text", {"turn_detector": "text", "speculative_turns": True}),
+    Variant("text-alone", "text, no speculation", {"turn_detector": "text", "speculative_turns": False}),
+    Variant("smart-turn", "smart-turn", {"turn_detector": "smart-turn", "speculative_turns": True}),
+    Variant("silence", "silence 500 ms", {"turn_detector": "silence", "min_silence_ms": 500}),
 )
+JUDGES = tuple(variant.key for variant in VARIANTS)
+
+
+def variants(keys: Sequence[str] | None) -> tuple[Variant, ...]:
+    """The variants ``keys`` name, in the bench's order (all of them for None); ValueError naming
+    an unknown key."""
+    if keys is None:
+        return VARIANTS
+    unknown = sorted(set(keys) - set(JUDGES))
+    if unknown:
+        raise ValueError(f"unknown turn judges {', '.join(unknown)}: pick from {', '.join(JUDGES)}")
+    return tuple(variant for variant in VARIANTS if variant.key in keys)
+
+
 PREMATURE_TARGET = 5.0  # premature answers per 100 pauses of 0.8 s, at most
 LATENCY_TARGET_MS = 500.0  # end of speech → first agent audio, p50
 CLIP_TIMEOUT_S = 30.0
@@ -214,9 +239,17 @@ def _timeline(played: Played) -> str:
 
 class _TurnsBench:
     def __init__(
-        self, *, clips: list[Clip], callers: int, rabbitmq_url: str, redis_url: str, out: TextIO
+        self,
+        *,
+        clips: list[Clip],
+        ways: tuple[Variant, ...],
+        callers: int,
+        rabbitmq_url: str,
+        redis_url: str,
+        out: TextIO,
     ) -> None:
         self.clips = clips
+        self.ways = ways
         self.n_callers = callers
         self.rabbitmq_url = rabbitmq_url
         self.redis_url = redis_url
@@ -237,10 +270,12 @@ class _TurnsBench:
         callers: dict[str, AudioCaller] = {}
         results: list[Played] = []
         async with contextlib.AsyncExitStack() as stack:
-            for name, options in VARIANTS:
-                created = (await client.post(f"{edge_url}/v1/sessions", json={"turn_taking": options})).json()
+            for way in self.ways:
+                created = (
+                    await client.post(f"{edge_url}/v1/sessions", json={"turn_taking": way.options})
+                ).json()
                 self.session_ids.append(created["session_id"])
-                callers[name] = await stack.enter_async_context(
+                callers[way.name] = await stack.enter_async_context(
                     AudioCaller.joined(created["ws_url"], created["token"])
                 )
             await asyncio.sleep(1.0)  # the speech tier owns the sessions and hears silence first
@@ -252,7 +287,7 @@ class _TurnsBench:
                 heard = _timeline(played)
                 mark = " PREMATURE" if played.premature else ""
                 self.say(
-                    f"  [{self.done}/{len(self.clips) * len(VARIANTS)}] {name}: {clip.name}: {heard}{mark}"
+                    f"  [{self.done}/{len(self.clips) * len(self.ways)}] {name}: {clip.name}: {heard}{mark}"
                 )
         return results
 
@@ -276,8 +311,8 @@ class _TurnsBench:
     async def run(self) -> tuple[list[Played], dict[str, int]]:
         work: asyncio.Queue[tuple[str, Clip]] = asyncio.Queue()
         for clip in self.clips:  # interleaved, so the variants share the machine's load alike
-            for name, _ in VARIANTS:
-                work.put_nowait((name, clip))
+            for way in self.ways:
+                work.put_nowait((way.name, clip))
         try:
             for service in ("reasoning", "speech"):
                 env = {**self.env, "BARGEIN_PROBE_PORT": str(self.probe_ports[service])}
@@ -393,9 +428,13 @@ def _table(title: str, first: str, pauses: list[float], rows: Sequence[Tally | t
 
 
 def report(
-    played: list[Played], counters: dict[str, int], peers: dict[str, list[Judged] | str], out: TextIO
+    played: list[Played],
+    counters: dict[str, int],
+    peers: dict[str, list[Judged] | str],
+    out: TextIO,
+    ways: tuple[Variant, ...] = VARIANTS,
 ) -> dict[str, Any]:
-    rows = [tally(name, [p for p in played if p.variant == name]) for name, _ in VARIANTS]
+    rows = [tally(way.name, [p for p in played if p.variant == way.name]) for way in ways]
     pauses = sorted({c.pause_ms for p in played if (c := p.clip).kind == "paused"})
     lines = [""]
     lines += _table(
@@ -430,9 +469,9 @@ def report(
     premature_08, p50 = best.per_100(800.0), best.latency_ms(50)
     lines += [
         f"  target: premature answers ≤ {PREMATURE_TARGET:.0f} per 100 pauses of 0.8 s"
-        f" (text: {premature_08:.1f}): {verdict(premature_08 <= PREMATURE_TARGET)}",
+        f" ({best.name}: {premature_08:.1f}): {verdict(premature_08 <= PREMATURE_TARGET)}",
         f"  target: end of speech → first agent audio p50 ≤ {LATENCY_TARGET_MS:.0f} ms"
-        f" (text: {p50:.0f} ms): {verdict(p50 <= LATENCY_TARGET_MS)}",
+        f" ({best.name}: {p50:.0f} ms): {verdict(p50 <= LATENCY_TARGET_MS)}",
     ]
     for line in lines:
         say(out, line)
@@ -452,12 +491,14 @@ async def run_turns_bench(
     rates: Sequence[int] = RATES,
     sentences: int | None = None,
     pauses_ms: Sequence[float] = PAUSES_MS,
+    judges: Sequence[str] | None = None,
     rabbitmq_url: str | None = None,
     redis_url: str | None = None,
     out: TextIO | None = None,
 ) -> dict[str, Any]:
     """Run the bench and return its numbers (also printed to ``out``, default stdout)."""
     out = out if out is not None else sys.stdout
+    ways = variants(judges)
     n = sentences if sentences is not None else max(len(PAUSED), len(FINISHED))
     clips = build(
         voices=voices,
@@ -471,12 +512,13 @@ async def run_turns_bench(
     say(
         out,
         f"bench turns: {len(clips)} clips ({paused} paused mid-sentence, {len(clips) - paused} finished),"
-        f" {len(voices)} voices by {len(rates)} rates, each under {len(VARIANTS)} ways of ending a turn,"
+        f" {len(voices)} voices by {len(rates)} rates, each under {len(ways)} ways of ending a turn,"
         f" {callers} callers at a time, at real time",
     )
     broker = load(BrokerSettings)
     bench = _TurnsBench(
         clips=clips,
+        ways=ways,
         callers=callers,
         rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
         redis_url=redis_url or broker.redis_url,
@@ -488,7 +530,7 @@ async def run_turns_bench(
         "Pipecat smart-turn v3.2": await smart_turn(clips),
         "fixed 500 ms (LiveKit)": fixed_silence(clips),
     }
-    return report(played, counters, peers, out)
+    return report(played, counters, peers, out, ways)
 
 
 def turns_main(
@@ -497,6 +539,7 @@ def turns_main(
     rates: Sequence[int] | None,
     sentences: int | None,
     pauses_ms: Sequence[float] | None = None,
+    judges: Sequence[str] | None = None,
 ) -> int:
     """``bargein bench turns``: run the bench, print the report."""
     return run_main(
@@ -506,6 +549,7 @@ def turns_main(
             rates=rates or RATES,
             sentences=sentences,
             pauses_ms=pauses_ms or PAUSES_MS,
+            judges=judges,
         ),
         "turns",
     )

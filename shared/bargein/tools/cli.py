@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sentences", type=_positive, help="the first N sentences of each kind (default: all 8)"
     )
     turns.add_argument("--pauses", help="comma-separated pauses mid-sentence in ms (default: 500,800,1200)")
+    turns.add_argument(
+        "--judges",
+        help="comma-separated ways of ending a turn: text, text-alone, smart-turn, silence (default: all)",
+    )
     e2e = bench_sub.add_parser(
         "e2e", help="callers talking over the agent's voice: time to silence, false cuts, turn latency"
     )
@@ -331,7 +335,15 @@ def main(argv: list[str] | None = None) -> int:
 
             size = _corpus_size(argparse.Namespace(voices=args.voices, rates=args.rates, phrases=None))
             pauses = [float(ms) for ms in _counts(args.pauses)] if args.pauses else None
-            return turns_main(args.callers, size.voices, size.rates, args.sentences, pauses)
+            judges = [j.strip() for j in args.judges.split(",") if j.strip()] if args.judges else None
+            if judges is not None:
+                from bargein.tools.bench_turns import variants
+
+                try:
+                    variants(judges)
+                except ValueError as exc:
+                    raise SettingsError(f"--judges: {exc}") from None
+            return turns_main(args.callers, size.voices, size.rates, args.sentences, pauses, judges)
         if args.command == "bench" and args.bench == "e2e":
             from bargein.tools.bench_e2e import e2e_main
 
