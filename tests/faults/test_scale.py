@@ -4,11 +4,15 @@ holding its mailbox's leader is SIGKILLed (the failover the issue's decision wei
 
 from __future__ import annotations
 
+import asyncio
 import io
+from pathlib import Path
 
 import pytest
 
 from bargein.tools.bench_scale import run_scale_bench
+from bargein.tools.bench_sessions import broker_nodes
+from bargein.tools.private_brokers import PrivateRabbit
 
 
 @pytest.mark.timeout(900)
@@ -33,3 +37,18 @@ async def test_bench_scale_on_a_cluster_measures_both_designs_and_their_failover
         assert row["failover_s"] is not None and row["failover_s"] < 60, (design, text)
     assert results["designs"]["per-session"]["kb"] is not None, text
     assert "could not tell which node leads" not in text, text
+
+
+async def test_the_benches_measure_the_broker_the_url_names_not_the_default_node(
+    tmp_path: Path, rabbitmq_url: str
+) -> None:
+    """Pointed at another broker than the CLI's default node, ``bench scale`` and ``bench sessions``
+    read that broker's memory, CPU and open files (they read the default node's, before)."""
+    rabbit = PrivateRabbit(tmp_path)
+    await asyncio.to_thread(rabbit.start)
+    try:
+        assert await broker_nodes(rabbit.url) == [rabbit.node]
+    finally:
+        await asyncio.to_thread(rabbit.stop)
+    here = await broker_nodes(rabbitmq_url)
+    assert len(here) == 1 and here != [rabbit.node], here

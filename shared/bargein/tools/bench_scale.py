@@ -41,7 +41,13 @@ from websockets.asyncio.client import ClientConnection
 
 from bargein.settings import BrokerSettings, load
 from bargein.tools import bench_mailboxes as designs
-from bargein.tools.bench_sessions import SETTLE_S, _SessionsBench, growth_per_session, rabbitmq_total
+from bargein.tools.bench_sessions import (
+    SETTLE_S,
+    _SessionsBench,
+    broker_nodes,
+    growth_per_session,
+    rabbitmq_total,
+)
 from bargein.tools.benchkit import (
     BenchError,
     cpu_of,
@@ -146,7 +152,7 @@ class _ScaleBench:
         broker = load(BrokerSettings)
         self.rabbitmq_url = broker.rabbitmq_url
         self.redis_url = broker.redis_url
-        self.nodes: list[str] | None = None  # None: the configured broker, the CLI's default node
+        self.nodes: list[str] = []  # the broker's nodes, by name ([]: none found: not measured)
 
     def say(self, text: str) -> None:
         say(self.out, text)
@@ -157,6 +163,13 @@ class _ScaleBench:
             f"bench scale on {where}: idle levels {', '.join(map(str, self.levels))}, {self.active} active"
         )
         if not self.cluster:
+            self.nodes = await broker_nodes(self.rabbitmq_url)
+            self.say(
+                f"  the broker's memory, CPU and open files are read on {', '.join(self.nodes)}"
+                if self.nodes
+                else "  the broker's memory, CPU and open files are not measured: rabbitmqctl here reaches"
+                " no node that listens at BARGEIN_RABBITMQ_URL"
+            )
             return await self._run_here()
         self.say("starting a private 3-node RabbitMQ cluster")
         cluster = PrivateRabbitCluster(Path(tempfile.mkdtemp(prefix="bargein-bench-scale-")), 3)
@@ -182,8 +195,7 @@ class _ScaleBench:
     # --- bargein as built ---------------------------------------------------------------------
 
     async def as_built(self) -> list[dict[str, Any]]:
-        nodes: list[str | None] = [*self.nodes] if self.nodes else [None]
-        for node in nodes:
+        for node in self.nodes:
             limit = await asyncio.to_thread(file_handle_limit, node)
             if limit is not None and limit < 2 * max(self.levels):
                 self.say(
@@ -227,8 +239,7 @@ class _ScaleBench:
 
     async def broker_pids(self) -> list[int]:
         """The broker's OS processes (every node of a cluster): their CPU is read from /proc."""
-        nodes: list[str | None] = list(self.nodes) if self.nodes else [None]
-        found = [await asyncio.to_thread(broker_pid, node) for node in nodes]
+        found = [await asyncio.to_thread(broker_pid, node) for node in self.nodes]
         return [pid for pid in found if pid is not None]
 
     async def active_phase(self, bench: _SessionsBench) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -92,9 +94,59 @@ def rabbitmq_bytes(node: str | None = None) -> int | None:
 
 
 def rabbitmq_total(nodes: list[str] | None) -> int | None:
-    """The memory of every node of a cluster (``None``: the CLI's default node), if each told."""
+    """The memory of every node of a cluster (``None``: the CLI's default node), if each told
+    (``[]``: no node could be found, :func:`broker_nodes`: None)."""
+    if nodes == []:
+        return None
     figures = [rabbitmq_bytes(node) for node in nodes] if nodes else [rabbitmq_bytes()]
     return None if None in figures else sum(f for f in figures if f is not None)
+
+
+# every node of the cluster with its AMQP port: [{rabbit@host,5672}, ...]
+_LISTENERS = (
+    "[{element(2, L), element(6, L)} || L <- rabbit_networking:active_listeners(), element(3, L) =:= amqp]."
+)
+_NODE_PORT = re.compile(r"\{'?([^,'{}]+@[^,'{}]+)'?,(\d+)\}")
+
+
+async def broker_nodes(rabbitmq_url: str) -> list[str]:
+    """The RabbitMQ nodes behind ``rabbitmq_url``, by name, for ``rabbitmqctl -n`` to measure: the
+    cluster of the CLI's default node, or of the node the broker names itself after (its cluster
+    name, by default its first node's name with the machine's full host name, which the node itself
+    may not go by: tried as it is, on ``localhost`` and on the short host name), whichever listens
+    on the URL's port; [] if neither does (a broker on another machine,
+    or one the CLI may not talk to): its figures are then not measured, rather than another
+    node's (the benches read the default node's whatever the URL said, before)."""
+    connection = await amqp_address.connect_robust(rabbitmq_url)
+    async with connection:
+        underlay = connection.transport  # the connection made: its server's properties
+        named = underlay.connection.server_properties.get("cluster_name") if underlay else None
+        port = connection.url.port or 5672  # of the address it reached
+    candidates: list[str | None] = [None]  # the CLI's default node
+    if isinstance(named, str) and "@" in named:  # by name, on the host it gives or as this machine
+        prefix = named.partition("@")[0]
+        candidates += [named, f"{prefix}@localhost", f"{prefix}@{socket.gethostname()}"]
+    for node in dict.fromkeys(candidates):
+        nodes = await asyncio.to_thread(_cluster_listening_on, node, port)
+        if nodes:
+            return nodes
+    return []
+
+
+def _cluster_listening_on(node: str | None, port: int) -> list[str]:
+    """The nodes of ``node``'s cluster (None: the CLI's default node), if one of them takes AMQP
+    on ``port``."""
+    if shutil.which("rabbitmqctl") is None:
+        return []
+    which = ["-n", node] if node is not None else []
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", *which, "-q", "eval", _LISTENERS], capture_output=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    listening = [(name, int(number)) for name, number in _NODE_PORT.findall(done.stdout.decode())]
+    return sorted({name for name, _ in listening}) if any(p == port for _, p in listening) else []
 
 
 class _SessionsBench:
@@ -234,6 +286,11 @@ class _SessionsBench:
                 raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
             async with connection:
                 await check_work_queue(connection, expected_consumers=0)
+            if self.rabbit_nodes is None:
+                self.rabbit_nodes = await broker_nodes(self.rabbitmq_url)
+                self.say(f"  the broker's memory is read on {', '.join(self.rabbit_nodes) or 'no node'}")
+                if not self.rabbit_nodes:
+                    self.say(f"  (rabbitmqctl here reaches no node listening at {self.rabbitmq_url})")
             for service in SERVICES:
                 self.children[service] = await start_service(self.processes, service, service, self.env)
             await asyncio.sleep(SETTLE_S)
