@@ -512,7 +512,8 @@ async def run_turns_bench(
     say(
         out,
         f"bench turns: {len(clips)} clips ({paused} paused mid-sentence, {len(clips) - paused} finished),"
-        f" {len(voices)} voices by {len(rates)} rates, each under {len(ways)} ways of ending a turn,"
+        f" {len(voices)} voices by {len(rates)} rates, each under {len(ways)}"
+        f" way{'s' if len(ways) != 1 else ''} of ending a turn,"
         f" {callers} callers at a time, at real time",
     )
     broker = load(BrokerSettings)

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -67,33 +68,37 @@ def summarize(seconds: list[float]) -> dict[str, Any]:
 
 
 class Child:
-    """A child process whose output is read continuously (a full pipe would stall it) and kept as a
-    short tail for error messages."""
+    """A child process whose output is read continuously (a full pipe would stall it), kept as a
+    short tail for error messages and whole in ``log`` (a bench's odd number is explained by what
+    the services said at the time: a turn that waited, a burst that was held)."""
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, ready_marker: str) -> None:
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, ready_marker: str, log: Path) -> None:
         self.name = name
         self.proc = proc
         self.ready = asyncio.Event()
         self.tail: collections.deque[str] = collections.deque(maxlen=15)
         self._marker = ready_marker
         self.url = ""  # an edge's, once it said where it listens
+        self.log = log
         self.reader = asyncio.create_task(self._read(), name=f"bench-read:{name}")
 
     async def _read(self) -> None:
         stream = self.proc.stdout
         if stream is None:
             return
-        while True:
-            try:
-                line = await stream.readline()
-            except ValueError:  # a line longer than the stream's limit: take it in pieces
-                line = await stream.read(64 * 1024)
-            if not line:
-                return
-            text = line.decode(errors="replace").rstrip()
-            self.tail.append(text)
-            if self._marker in text:
-                self.ready.set()
+        with self.log.open("a", encoding="utf-8") as log:
+            while True:
+                try:
+                    line = await stream.readline()
+                except ValueError:  # a line longer than the stream's limit: take it in pieces
+                    line = await stream.read(64 * 1024)
+                if not line:
+                    return
+                text = line.decode(errors="replace").rstrip()
+                log.write(text + "\n")
+                self.tail.append(text)
+                if self._marker in text:
+                    self.ready.set()
 
     @property
     def running(self) -> bool:
@@ -107,6 +112,12 @@ class Processes:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.children: list[Child] = []
+        self._logs: Path | None = None  # where the children's output is kept, made with the first
+
+    def _log_for(self, name: str, pid: int) -> Path:
+        if self._logs is None:
+            self._logs = Path(tempfile.mkdtemp(prefix="bargein-bench-logs-"))
+        return self._logs / f"{name.replace(' ', '-')}-{pid}.log"
 
     async def start(self, name: str, args: list[str], env: dict[str, str], ready_marker: str) -> Child:
         proc = await asyncio.create_subprocess_exec(
@@ -117,9 +128,9 @@ class Processes:
             env=env,
             start_new_session=True,  # a Ctrl-C reaches only the bench, which stops them in order
         )
-        child = Child(name, proc, ready_marker)
+        child = Child(name, proc, ready_marker, self._log_for(name, proc.pid))
         self.children.append(child)
-        say(self.out, f"  started {name} (pid {proc.pid})")
+        say(self.out, f"  started {name} (pid {proc.pid}, its output in {child.log})")
         return child
 
     async def wait_ready(self, child: Child, timeout: float = START_TIMEOUT_S) -> None:
