@@ -73,3 +73,44 @@ async def test_a_hang_up_is_never_refused_while_the_agent_is_behind(
                 await asyncio.sleep(0.2)
         finally:
             await store.close()
+
+
+async def test_a_hang_up_reaches_a_speech_owner_that_was_slow_and_its_side_stays_ended(
+    rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The edge told the speech owner of a hang-up, then deleted the speech side's mailbox itself,
+    with the hang-up still in it when the owner was slow (frozen here; busy with a thousand others
+    in issue 27's mass hang-up): the owner never heard it, consumed its mailbox again, and the
+    call lived on in the speech tier. An owned side is its owner's to end."""
+    await asyncio.to_thread(reset_shared_queues, rabbitmq_url, redis_url)
+    env = cluster_env(
+        rabbitmq_url, redis_url, BARGEIN_PORT="0", BARGEIN_LEASE_TTL_MS="10000"
+    )  # the freeze is not a death: nobody takes the session over
+    with Cluster(env, tmp_path) as cluster:
+        cluster.start()
+        speech = cluster.start("services.speech")
+        session = await create_session(cluster.start_edge())
+        sid = session["session_id"]
+        store = RedisStateStore.from_url(redis_url)
+        try:
+            deadline = time.monotonic() + T
+            while await store.session_info(TIER_SPEECH, sid) is None:  # the speech tier owns it
+                assert time.monotonic() < deadline, cluster.logs()
+                await asyncio.sleep(0.1)
+            async with connect(session) as ws:
+                speech.proc.send_signal(signal.SIGSTOP)
+                try:
+                    await ws.send(json.dumps({"type": "end"}))
+                    assert (await until(ws, "ended", timeout=5))["reason"] == "caller"
+                    await asyncio.sleep(2)  # the edge has done all it does for a hang-up
+                finally:
+                    speech.proc.send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + T
+            while f"session {sid} ended" not in speech.log():  # the owner heard the hang-up
+                assert time.monotonic() < deadline, cluster.logs()
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2)  # and its side stays ended: nothing wrote it back
+            assert await store.session_info(TIER_SPEECH, sid) is None, cluster.logs()
+            assert await store.session_info(TIER_REASONING, sid) is None, cluster.logs()
+        finally:
+            await store.close()

@@ -89,7 +89,7 @@ from bargein.edge.records import DirectoryKeeper
 from bargein.edge.tokens import Role
 from bargein.errors import BrokerUnavailable, UnroutableError
 from bargein.hosting.load import LoopLag
-from bargein.hosting.sessions import create_session, end_session, forget_session
+from bargein.hosting.sessions import create_session, end_session, forget_unowned_sides
 from bargein.metrics import Counted
 from bargein.settings import BroadcastSettings, VoiceSettings
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
@@ -835,8 +835,11 @@ class Edge:
         if reason == "caller":
             if not owners_told:
                 await self._tell_hang_up(session.session_id)
-            await forget_session(self.transport, self.store, session.session_id, tier=TIER_SPEECH)
             with contextlib.suppress(Exception):  # the store is away: the sweep finds it over later
+                # each owner ends its side on the hang-up; a side nobody owns is forgotten here
+                await forget_unowned_sides(
+                    self.transport, self.store, session.session_id, by=self.owner, reason="the caller hung up"
+                )
                 await self.store.forget_callers(session.session_id)
         else:  # the owners end their side when they hear it (a side nobody owns is forgotten here)
             await end_session(

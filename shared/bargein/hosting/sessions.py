@@ -54,6 +54,25 @@ async def end_session(
     hangup = Envelope.wrap(session_id, EndCall(reason=reason), source=source)
     with contextlib.suppress(UnroutableError):  # no mailbox hears it: every tier has ended already
         await transport.publish(hangup, IN)
+    await forget_unowned_sides(transport, store, session_id, by=by, reason=reason, replacing=replacing)
+    await store.forget_callers(session_id)
+
+
+async def forget_unowned_sides(
+    transport: Transport,
+    store: StateStore,
+    session_id: str,
+    *,
+    by: str,
+    reason: str,
+    replacing: str | None = None,
+) -> None:
+    """After the owners were told :class:`EndCall`: forget each tier's side that nobody owns, and
+    leave every owned side to its owner, who forgets it once it has heard the hang-up. Forgetting
+    an owned side from here deletes its mailbox with the hang-up still in it when the owner is
+    slow (frozen, or busy with a thousand others): the owner never hears it, consumes its mailbox
+    again and keeps the call alive until it is idle for ``BARGEIN_SESSION_IDLE_S``. The ending
+    lease (``ENDING_LEASE_MS``) keeps a worker from adopting the side while it is forgotten."""
     for tier in TIERS:
         epoch = await store.acquire_lease(tier, session_id, by, ENDING_LEASE_MS, replacing=replacing)
         if epoch is None:  # owned: its owner ends it on the EndCall
@@ -61,4 +80,3 @@ async def end_session(
         await forget_session(transport, store, session_id, tier=tier)
         await store.release_lease(tier, session_id, by, epoch)
         log.info("session %s: nobody owned its %s side; forgotten (%s)", session_id, tier, reason)
-    await store.forget_callers(session_id)
