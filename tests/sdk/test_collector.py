@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from bargein import metrics
-from bargein.hosting.load import THAW_FROM, Collector
+from bargein.hosting.load import THAW_FROM, THAW_STEADY_S, Collector
 
 
 class Node:
@@ -58,8 +58,17 @@ def test_what_survives_a_full_collection_is_frozen_out_of_the_next(held: list[in
     assert tracked(state)  # handed back when the watch ends (a test suite keeps nothing frozen)
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_frozen_cycles_are_collected_once_most_sessions_have_gone(held: list[int]) -> None:
-    collector = Collector("test", lambda: held[0])
+    clock = Clock()
+    collector = Collector("test", lambda: held[0], clock)
     collector.start()
     try:
         held[0] = THAW_FROM * 2  # busy
@@ -71,12 +80,41 @@ def test_frozen_cycles_are_collected_once_most_sessions_have_gone(held: list[int
         collector.tend()
         assert alive() is not None  # kept, as the price of not walking it
         held[0] = THAW_FROM  # half the peak: still busy enough not to thaw
+        clock.now += THAW_STEADY_S
         collector.tend()
         assert alive() is not None
-        held[0] = THAW_FROM * 2 // 4  # a quarter of the busiest
+        held[0] = THAW_FROM * 2 // 4  # a quarter of the busiest, and still falling
+        collector.tend()
+        assert alive() is not None
+        clock.now += THAW_STEADY_S  # ... and so for a while: the callers have stopped leaving
         collector.tend()
         assert alive() is None  # thawed and collected
         assert collector.peak_since_thaw == THAW_FROM // 2  # counted afresh from here
+    finally:
+        collector.stop()
+
+
+def test_no_thaw_while_callers_are_hanging_up_in_numbers(held: list[int]) -> None:
+    """Issue 27's mass hang-up: at a quarter of its busiest, mid-way, a reasoning worker thawed
+    and collected everything, and paused 1.4 s while it was ending the rest."""
+    clock = Clock()
+    collector = Collector("test", lambda: held[0], clock)
+    collector.start()
+    try:
+        held[0] = THAW_FROM * 20
+        state, alive = cycle()
+        gc.collect()
+        collector.tend()  # frozen
+        del state
+        while held[0] > 0:  # a hundred hang-ups a second, watched every 50 ms
+            held[0] = max(0, held[0] - 5)
+            clock.now += 0.05
+            collector.tend()
+            assert alive() is not None or held[0] == 0, held[0]
+        for _ in range(int(THAW_STEADY_S / 0.05) + 1):  # all gone: now it is quiet
+            clock.now += 0.05
+            collector.tend()
+        assert alive() is None
     finally:
         collector.stop()
 

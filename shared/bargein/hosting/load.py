@@ -25,6 +25,12 @@ log = logging.getLogger("bargein.hosting.load")
 LONG_PAUSE_MS = 100.0  # a collection longer than this is logged (at most once a minute)
 TELL_EVERY_S = 60.0
 THAW_FROM = 100  # sessions held at the busiest below which thawing is not worth a pass
+# ... and not while they are falling fast: a thousand callers hanging up at once brought a
+# reasoning worker to a quarter of its busiest mid-way, and the thaw there paused it 1.4 s while
+# it was ending the rest (issue 27). The thaw waits until the sessions held fell by at most a
+# tenth over the last THAW_STEADY_S.
+THAW_STEADY_S = 5.0
+THAW_STEADY_FALL = 0.1
 
 
 class LoopLag:
@@ -106,13 +112,21 @@ class Collector:
 
     The price: a reference cycle among frozen objects is not collected while they stay frozen.
     They are thawed and collected once the process holds at most a quarter of the sessions it held
-    when it last did so (a quiet hour, or a drain), when the walk is short, and that pass is
+    when it last did so (a quiet hour, or a drain), and no longer loses them fast (``THAW_STEADY_S``:
+    not in the middle of a mass hang-up), when the walk is short, and that pass is
     logged with what it found. Every pass is timed in ``bargein_gc_pause_seconds``, and a long one
     is logged (at most once a minute)."""
 
-    def __init__(self, name: str, sessions: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        sessions: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.sessions = sessions  # how many the process holds now (None: no thaw by sessions)
+        self.clock = clock
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (when, held)
         self._began = 0.0
         self._told_at = -TELL_EVERY_S
         self._freeze_due = False
@@ -160,13 +174,27 @@ class Collector:
         and collect everything once the sessions have mostly gone."""
         held = self._held()
         self.peak_since_thaw = max(self.peak_since_thaw, held)
+        steady = self._steady(held)
         if self._freeze_due:
             self._freeze_due = False
             self._froze = True
             gc.freeze()
         # (gc.get_freeze_count() walks every frozen object: it is never asked here)
-        elif self._froze and self.peak_since_thaw >= THAW_FROM and held * 4 <= self.peak_since_thaw:
+        elif (
+            self._froze and self.peak_since_thaw >= THAW_FROM and held * 4 <= self.peak_since_thaw and steady
+        ):
             self.thaw()
+
+    def _steady(self, held: int) -> bool:
+        """Whether the sessions held have fallen by at most ``THAW_STEADY_FALL`` over the last
+        ``THAW_STEADY_S`` (and that much has been watched): no mass hang-up is under way."""
+        now = self.clock()
+        recent = self._recent
+        recent.append((now, held))
+        while len(recent) > 1 and recent[1][0] <= now - THAW_STEADY_S:
+            recent.popleft()  # the oldest kept is the last one at least THAW_STEADY_S old
+        then, held_then = recent[0]
+        return now - then >= THAW_STEADY_S and held_then - held <= held_then * THAW_STEADY_FALL
 
     def thaw(self) -> None:
         began = time.perf_counter()
