@@ -3,6 +3,10 @@ held until the caller's turn ends with the same words, dropped without trace oth
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from bargein import (
     AgentGenerationComplete,
     AgentResponse,
@@ -13,7 +17,9 @@ from bargein import (
 )
 from bargein.agent.events import SpeculationDropped, SpeculativeTurn, TurnInterrupted
 from bargein.testing import LocalSession
-from bargein.wire.names import TIER_REASONING
+from bargein.transport.memory import MemoryTransport
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import TIER_REASONING, Direction
 
 from ..agents import interruptible_agent
 from .helpers import ask, history, reply_text, take_chunks, wait_for
@@ -160,3 +166,30 @@ async def test_a_dropped_speculative_turn_leaves_the_cut_off_answer_to_resume() 
         rest = await s.collect_turn()
         assert heard + reply_text(rest) == first  # the cut-off answer, resumed where it was cut
         assert history(s) == [("user", "q1"), ("assistant", first)]
+
+
+async def test_what_a_confirmed_turn_says_while_its_held_output_goes_out_comes_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker takes a moment to confirm each publish (RabbitMQ does; the in-memory one did not):
+    the answer went on streaming while the held part of it was going out, and its newer chunks
+    overtook the held ones. Through the services a caller's answer then never played (bench e2e
+    stalled on the phone after "speculative turn confirmed (29 held)")."""
+    publish = MemoryTransport.publish
+
+    async def confirmed_later(self: MemoryTransport, envelope: Envelope, direction: Direction) -> None:
+        await asyncio.sleep(0.002)  # the broker's confirm, as a round trip
+        await publish(self, envelope, direction)
+
+    monkeypatch.setattr(MemoryTransport, "publish", confirmed_later)
+    log: list[str] = []
+    fast = interruptible_agent(tokens_per_second=400, replies=(REPLY,))
+    async with LocalSession(fast) as s:
+        await s.emit(SpeculativeTurn(transcript="hello"))
+        await held(s, 4)
+        await ask(s, "hello")  # confirmed while the answer still streams
+        events = await s.collect_turn()
+        assert reply_text(events) == REPLY
+        assert [type(e) for e in events].count(AgentGenerationComplete) == 1
+        assert isinstance(events[-1], AgentGenerationComplete), events[-3:]
+        assert log == []

@@ -67,7 +67,7 @@ from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
-from bargein.runtime.speculation import Speculation, restore_nodes, save_nodes
+from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
 from bargein.wire.envelope import Envelope, message_of, validate_session_id
 from bargein.wire.names import OUT, TIER_REASONING, Tier
@@ -135,6 +135,8 @@ class SessionRuntime(SessionProcessor):
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatcher: asyncio.Task[None] | None = None
         self.speculation: Speculation | None = None  # a turn started before the caller's turn was sure
+        # what a confirmed speculative turn held, going out; what it says meanwhile queues behind
+        self._releasing: collections.deque[Action] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -408,9 +410,27 @@ class SessionRuntime(SessionProcessor):
         assert speculation is not None
         self.count("speculations_confirmed")
         log.info("session %s: speculative turn confirmed (%d held)", self.session_id, len(speculation.held))
-        for action in speculation.held:
-            await action()
+        # each publish waits for the broker, and the turn goes on meanwhile: what it says now
+        # joins the queue (_later), or its newer chunks would overtake the held ones, which the
+        # edge's fence then drops as stale
+        self._releasing = queue = collections.deque(speculation.held)
+        try:
+            while queue:
+                await queue.popleft()()
+        finally:
+            self._releasing = None
         await self.checkpoint()
+
+    def _later(self, action: Action) -> bool:
+        """Hold ``action`` while a speculative turn is unconfirmed, or queue it behind what a
+        confirmed one is still letting out; False: it may run now."""
+        if self.speculation is not None:
+            self.speculation.hold(action)
+            return True
+        if self._releasing is not None:
+            self._releasing.append(action)
+            return True
+        return False
 
     async def drop_speculation(self, why: str) -> None:
         """Undo the speculative turn: its work discarded in every route, once that has unwound the
@@ -441,9 +461,7 @@ class SessionRuntime(SessionProcessor):
 
     async def _send_out(self, envelope: Envelope) -> None:
         """Publish ``envelope`` ``out``, or hold it while a speculative turn is unconfirmed."""
-        if self.speculation is not None:
-            self.speculation.hold(functools.partial(self.transport.publish, envelope, OUT))
-        else:
+        if not self._later(functools.partial(self.transport.publish, envelope, OUT)):
             await self.transport.publish(envelope, OUT)
 
     # --- the barrier turns wait at (RouteExecutor._run_turn) --------------------------------------
@@ -501,9 +519,8 @@ class SessionRuntime(SessionProcessor):
         to_caller = self.speaking_bridge is None or (
             run.bridge is self.speaking_bridge and isinstance(event, CALLER_EVENTS)
         )
-        if self.speculation is not None:  # goes out when (if) the caller's turn is confirmed
-            self.speculation.hold(functools.partial(self._emit_output, envelope, event, run, to_caller))
-        else:
+        # goes out when (if) the caller's turn is confirmed, and after what that turn held
+        if not self._later(functools.partial(self._emit_output, envelope, event, run, to_caller)):
             await self._emit_output(envelope, event, run, to_caller)
 
     async def _emit_output(self, envelope: Envelope, event: Event, run: TurnRun, to_caller: bool) -> None:
@@ -602,11 +619,9 @@ class SessionRuntime(SessionProcessor):
         await self.checkpoint()
 
     async def turn_finished(self, run: TurnRun | None) -> None:
-        if run is not None and run.turn is not None:
-            if self.speculation is not None:
-                self.speculation.hold(functools.partial(self._finish_in_ledger, run.turn))
-            else:
-                self.ledger.finished(run.turn)
+        turn = run.turn if run is not None else None
+        if turn is not None and not self._later(functools.partial(self._finish_in_ledger, turn)):
+            self.ledger.finished(turn)
         await self.checkpoint()
 
     async def _finish_in_ledger(self, turn: int) -> None:
