@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,9 +43,11 @@ from bargein.tools import bench_mailboxes as designs
 from bargein.tools.bench_sessions import (
     SETTLE_S,
     _SessionsBench,
+    broker_eval,
     broker_nodes,
     growth_per_session,
     rabbitmq_total,
+    rabbitmqctl,
 )
 from bargein.tools.benchkit import (
     BenchError,
@@ -78,15 +79,9 @@ SAMPLE_INTERVAL_S = 0.1
 
 def broker_eval_int(node: str | None, expression: str) -> int | None:
     """An Erlang expression evaluated on a RabbitMQ node that answers a number (None: no answer)."""
-    which = ["-n", node] if node is not None else []
-    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-        done = subprocess.run(
-            ["rabbitmqctl", *which, "-q", "eval", expression],
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-        return int(done.stdout.decode().strip().strip('"'))
+    answer = broker_eval(node, expression)
+    with contextlib.suppress(ValueError):
+        return int(answer.strip().strip('"')) if answer is not None else None
     return None
 
 
@@ -97,14 +92,10 @@ def broker_pid(node: str | None) -> int | None:
 
 def queue_leader(node: str | None, queue: str) -> str | None:
     """The node holding ``queue``'s leader (a quorum queue) or master (a classic one)."""
-    which = ["-n", node] if node is not None else []
-    done = subprocess.run(
-        ["rabbitmqctl", *which, "-q", "list_queues", "--no-table-headers", "name", "pid", "leader"],
-        capture_output=True,
-        timeout=60,
-        check=False,
+    listed = rabbitmqctl(
+        node, "-q", "list_queues", "--no-table-headers", "name", "pid", "leader", timeout_s=60
     )
-    for line in done.stdout.decode().splitlines():
+    for line in (listed or "").splitlines():
         name, _, rest = line.partition("\t")
         if name != queue:
             continue

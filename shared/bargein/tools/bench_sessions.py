@@ -71,26 +71,41 @@ def rss_bytes(pid: int) -> int | None:
 RABBITMQCTL_TRIES = 3
 
 
-def rabbitmq_bytes(node: str | None = None) -> int | None:
-    """The memory the RabbitMQ node uses (``node``: another than the CLI's default), if
-    ``rabbitmqctl`` is here and may talk to it."""
+def rabbitmqctl(node: str | None, *args: str, timeout_s: float = 30, tries: int = 1) -> str | None:
+    """What ``rabbitmqctl`` answers on ``node`` (None: the CLI's default node), or None when it is
+    not installed here, cannot reach the node or fails ``tries`` times: every broker figure the
+    benches read comes through here, and one that cannot be read is reported as not measured."""
     if shutil.which("rabbitmqctl") is None:
         return None
     which = ["-n", node] if node is not None else []
-    for attempt in range(RABBITMQCTL_TRIES):
+    for attempt in range(tries):
         try:
             done = subprocess.run(
-                ["rabbitmqctl", *which, "-q", "status", "--formatter", "json"],
-                capture_output=True,
-                timeout=30,
-                check=True,
+                ["rabbitmqctl", *which, *args], capture_output=True, timeout=timeout_s, check=True
             )
-            total = json.loads(done.stdout)["memory"]["total"]
-            return int(total["erlang"] if isinstance(total, dict) else total)
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
-            log.warning("rabbitmqctl status failed (try %d of %d): %s", attempt + 1, RABBITMQCTL_TRIES, exc)
-            time.sleep(1.0)
+            return done.stdout.decode()
+        except (OSError, subprocess.SubprocessError) as exc:
+            if tries > 1:
+                log.warning("rabbitmqctl %s failed (try %d of %d): %s", args[-1], attempt + 1, tries, exc)
+                time.sleep(1.0)
     return None
+
+
+def broker_eval(node: str | None, expression: str) -> str | None:
+    """An Erlang expression evaluated on a RabbitMQ node, as the CLI prints its value."""
+    return rabbitmqctl(node, "-q", "eval", expression)
+
+
+def rabbitmq_bytes(node: str | None = None) -> int | None:
+    """The memory the RabbitMQ node uses (``node``: another than the CLI's default), if
+    ``rabbitmqctl`` is here and may talk to it."""
+    status = rabbitmqctl(node, "-q", "status", "--formatter", "json", tries=RABBITMQCTL_TRIES)
+    try:
+        total = json.loads(status)["memory"]["total"] if status is not None else None
+        return None if total is None else int(total["erlang"] if isinstance(total, dict) else total)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("rabbitmqctl status answered what is not a memory figure: %s", exc)
+        return None
 
 
 def rabbitmq_total(nodes: list[str] | None) -> int | None:
@@ -136,16 +151,8 @@ async def broker_nodes(rabbitmq_url: str) -> list[str]:
 def _cluster_listening_on(node: str | None, port: int) -> list[str]:
     """The nodes of ``node``'s cluster (None: the CLI's default node), if one of them takes AMQP
     on ``port``."""
-    if shutil.which("rabbitmqctl") is None:
-        return []
-    which = ["-n", node] if node is not None else []
-    try:
-        done = subprocess.run(
-            ["rabbitmqctl", *which, "-q", "eval", _LISTENERS], capture_output=True, timeout=30, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    listening = [(name, int(number)) for name, number in _NODE_PORT.findall(done.stdout.decode())]
+    answer = broker_eval(node, _LISTENERS) or ""
+    listening = [(name, int(number)) for name, number in _NODE_PORT.findall(answer)]
     return sorted({name for name, _ in listening}) if any(p == port for _, p in listening) else []
 
 
