@@ -42,6 +42,10 @@ TOKENS_SLACK = 8
 # faster-whisper's own rules for what is no speech and what is a decoder repeating itself
 NO_SPEECH_PROB = 0.6
 LOG_PROB_FLOOR = -1.0
+# ... and past this, no speech whatever the words' odds: on CPUs with AMX, the short window reads
+# two seconds of silence as "You" at a mean log-probability of -0.84 (no speech 0.94), which the
+# rule above lets through; on the corpus no speech or noise came above 0.56
+SURE_NO_SPEECH_PROB = 0.8
 MAX_COMPRESSION_RATIO = 2.4
 SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 SENTENCE_MARKS = (".", "?", "!")  # each one token of Whisper's
@@ -196,11 +200,37 @@ class WhisperTranscriber:
         tokens = result.sequences_ids[0]
         text = str(self.tokenizer.decode(tokens)).strip()
         mean_log_prob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        if result.no_speech_prob > NO_SPEECH_PROB and mean_log_prob < LOG_PROB_FLOOR:
+        if result.no_speech_prob > SURE_NO_SPEECH_PROB or (
+            result.no_speech_prob > NO_SPEECH_PROB and mean_log_prob < LOG_PROB_FLOOR
+        ):
             return Reading(None)
         if len(tokens) >= budget or compression_ratio(text) > MAX_COMPRESSION_RATIO or says_again(text):
-            return REPEATED
+            first = self._said_once(tokens)
+            if first is None:
+                log.info(
+                    "the short window read %.2f s as %r: reading it again whole",
+                    samples.size / SAMPLE_RATE,
+                    text,
+                )
+                return REPEATED
+            tokens, text = first, str(self.tokenizer.decode(first)).strip()
         return Reading(text or None, self._ending(tokens, result.logits[0]))
+
+    def _said_once(self, tokens: list[int]) -> list[int] | None:
+        """The tokens of a reading's first sentence, when all that follows it says it again ("Sorry,
+        can you repeat? Sorry, can you repeat? Sorry, can"): what the short window's decoder does
+        past the end of a clip cut short, a burst judged while the caller still speaks. The first
+        sentence is what was said; reading the clip again in the whole window would take ~0.6 s
+        more for the same words (seen in ``bench e2e``: a second of a caller's interruption, read
+        three times over). None when the reading is any other kind of repetitive."""
+        end = next((i for i, token in enumerate(tokens) if token in self.sentence_ends), None)
+        if end is None or end == len(tokens) - 1:
+            return None
+        first = tokens[: end + 1]
+        said = _plain(str(self.tokenizer.decode(first)))
+        again = [_plain(part) for part in SENTENCE_END.split(str(self.tokenizer.decode(tokens[end + 1 :])))]
+        again = [part for part in again if part]
+        return first if said and again and all(said.startswith(part) for part in again) else None
 
     def _ending(self, tokens: list[int], logits: list[Any]) -> float | None:
         """How sure the decoder was that the sentence ends where the reading does: the probability
@@ -245,9 +275,14 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
+def _plain(sentence: str) -> str:
+    """A sentence as :func:`says_again` compares it: no marks at its ends, lower case."""
+    return sentence.strip(" .?!,").lower()
+
+
 def says_again(text: str) -> bool:
     """Whether a sentence of ``text`` follows itself ("Mm-hmm. Mm-hmm."): what a short window's
     decoder does on noise or past a clip's end; the whole window reads such a clip again."""
-    sentences = [part.strip(" .?!,").lower() for part in SENTENCE_END.split(text)]
+    sentences = [_plain(part) for part in SENTENCE_END.split(text)]
     sentences = [part for part in sentences if part]
     return any(a == b for a, b in itertools.pairwise(sentences))
