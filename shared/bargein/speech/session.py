@@ -62,7 +62,7 @@ from bargein.speech.transcriber import (
     Transcriber,
     transcriber_from_settings,
 )
-from bargein.speech.turn_end import Completion, Heard
+from bargein.speech.turn_end import Completion, Heard, Verdict
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
@@ -464,6 +464,7 @@ class SpeechSession(SessionProcessor):
             verdict = policy.pause_words(policy.pause, heard)
             if verdict is not None:
                 self.counters[f"turn_end_{verdict.completion.value}"] += 1
+                self._announce_verdict(heard, verdict)
             upcoming = self._probabilities[0] if self._probabilities else None
             if upcoming is not None and not policy.would_end_burst(upcoming):
                 self._asked = self._busy = False  # not yet: asked again when the longer pause ends
@@ -519,6 +520,20 @@ class SpeechSession(SessionProcessor):
             return Heard(failed=True)
         text = reading.text.strip() if reading.text else ""
         return Heard(text or None, ending=reading.ending)
+
+    def _announce_verdict(self, heard: Heard, verdict: Verdict) -> None:
+        """Why a turn waits as long as it does. The caller's words themselves only at debug level:
+        they may be an account number."""
+        ending = "" if heard.ending is None else f", its full stop {heard.ending:.2f} sure"
+        log.info(
+            "session %s: the pause's %d words read %s%s: the turn ends after %.0f ms of silence",
+            self.session_id,
+            len(heard.words.split()) if heard.words else 0,
+            verdict.completion.value,
+            ending,
+            verdict.silence_ms,
+        )
+        log.debug("session %s: the pause's words: %r", self.session_id, heard.words)
 
     def _announce(self, emission: Emission) -> None:
         end = (

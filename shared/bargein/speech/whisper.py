@@ -207,11 +207,12 @@ class WhisperTranscriber:
         if len(tokens) >= budget or compression_ratio(text) > MAX_COMPRESSION_RATIO or says_again(text):
             first = self._said_once(tokens)
             if first is None:
+                # the words only at debug level: a caller's words may be an account number
                 log.info(
-                    "the short window read %.2f s as %r: reading it again whole",
+                    "the short window's reading of %.2f s repeats itself: reading it again whole",
                     samples.size / SAMPLE_RATE,
-                    text,
                 )
+                log.debug("the repetitive reading: %r", text)
                 return REPEATED
             tokens, text = first, str(self.tokenizer.decode(first)).strip()
         return Reading(text or None, self._ending(tokens, result.logits[0]))
