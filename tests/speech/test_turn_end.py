@@ -101,6 +101,17 @@ def test_a_full_stop_the_engine_doubted_waits_as_long_as_an_unfinished_sentence(
     assert text.judge(Heard("and the", ending=0.95)).completion is Completion.UNFINISHED  # the words
 
 
+def test_a_question_is_not_doubted() -> None:
+    """Found in bench e2e on the phone line: "What is the weather like this weekend?" read with 0.64
+    on its question mark, and the caller waited 2 s for the answer (3 of 20 questions). Whisper
+    closes the halves it finishes with a full stop; the rules already read "Can you tell me?"."""
+    text = TextJudge(end_silence_ms=250, min_silence_ms=500, max_silence_ms=2000)
+    question = text.judge(Heard("What is the weather like this weekend?", ending=0.64))
+    assert (question.completion, question.silence_ms) == (Completion.FINISHED, 250)
+    assert text.judge(Heard("Can you tell me?", ending=0.64)).completion is Completion.UNFINISHED
+    assert text.judge(Heard("The problem is not!", ending=0.5)).completion is Completion.DOUBTED
+
+
 def test_auto_is_text_where_words_are_heard() -> None:
     assert resolve_detector("auto", words=True) == "text"
     assert resolve_detector("auto", words=False) == "silence"
