@@ -108,13 +108,11 @@ def rabbitmq_bytes(node: str | None = None) -> int | None:
         return None
 
 
-def rabbitmq_total(nodes: list[str] | None) -> int | None:
-    """The memory of every node of a cluster (``None``: the CLI's default node), if each told
-    (``[]``: no node could be found, :func:`broker_nodes`: None)."""
-    if nodes == []:
-        return None
-    figures = [rabbitmq_bytes(node) for node in nodes] if nodes else [rabbitmq_bytes()]
-    return None if None in figures else sum(f for f in figures if f is not None)
+def rabbitmq_total(nodes: list[str]) -> int | None:
+    """The memory of every node of a cluster (:func:`broker_nodes`), if each told; None when no
+    node was found or one did not tell: not measured, rather than part of it."""
+    figures = [rabbitmq_bytes(node) for node in nodes]
+    return None if not figures or None in figures else sum(f for f in figures if f is not None)
 
 
 # every node of the cluster with its AMQP port: [{rabbit@host,5672}, ...]
@@ -175,9 +173,8 @@ class _SessionsBench:
         self.readers: dict[ClientConnection, asyncio.Task[None]] = {}
         self.session_ids: list[str] = []
         self.redis: aioredis.Redis | None = None
-        self.rabbit_nodes: list[str] | None = (
-            None  # the nodes whose memory is the broker's (None: the CLI's default)
-        )
+        # the nodes whose memory is the broker's (None: not looked up yet, stack() does it)
+        self.rabbit_nodes: list[str] | None = None
 
     def say(self, text: str) -> None:
         say(self.out, text)
@@ -187,7 +184,7 @@ class _SessionsBench:
         figures: dict[str, int | None] = {
             name: rss_bytes(child.proc.pid) for name, child in self.children.items()
         }
-        figures["rabbitmq"] = await asyncio.to_thread(rabbitmq_total, self.rabbit_nodes)
+        figures["rabbitmq"] = await asyncio.to_thread(rabbitmq_total, self.rabbit_nodes or [])
         figures["redis"] = int((await self.redis.info("memory"))["used_memory"])
         return figures
 
