@@ -525,10 +525,12 @@ class SpeechSession(SessionProcessor):
         """Why a turn waits as long as it does. The caller's words themselves only at debug level:
         they may be an account number."""
         ending = "" if heard.ending is None else f", its full stop {heard.ending:.2f} sure"
+        count = len(heard.words.split()) if heard.words else 0
         log.info(
-            "session %s: the pause's %d words read %s%s: the turn ends after %.0f ms of silence",
+            "session %s: the pause's %d word%s read %s%s: the turn ends after %.0f ms of silence",
             self.session_id,
-            len(heard.words.split()) if heard.words else 0,
+            count,
+            "" if count == 1 else "s",
             verdict.completion.value,
             ending,
             verdict.silence_ms,
