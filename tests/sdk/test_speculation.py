@@ -182,7 +182,6 @@ async def test_what_a_confirmed_turn_says_while_its_held_output_goes_out_comes_a
         await publish(self, envelope, direction)
 
     monkeypatch.setattr(MemoryTransport, "publish", confirmed_later)
-    log: list[str] = []
     fast = interruptible_agent(tokens_per_second=400, replies=(REPLY,))
     async with LocalSession(fast) as s:
         await s.emit(SpeculativeTurn(transcript="hello"))
@@ -192,4 +191,3 @@ async def test_what_a_confirmed_turn_says_while_its_held_output_goes_out_comes_a
         assert reply_text(events) == REPLY
         assert [type(e) for e in events].count(AgentGenerationComplete) == 1
         assert isinstance(events[-1], AgentGenerationComplete), events[-3:]
-        assert log == []

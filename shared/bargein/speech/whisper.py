@@ -228,10 +228,9 @@ class WhisperTranscriber:
         if end is None or end == len(tokens) - 1:
             return None
         first = tokens[: end + 1]
-        said = _plain(str(self.tokenizer.decode(first)))
-        again = [_plain(part) for part in SENTENCE_END.split(str(self.tokenizer.decode(tokens[end + 1 :])))]
-        again = [part for part in again if part]
-        return first if said and again and all(said.startswith(part) for part in again) else None
+        said = _sentences(str(self.tokenizer.decode(first)))
+        again = _sentences(str(self.tokenizer.decode(tokens[end + 1 :])))
+        return first if said and again and all(said[0].startswith(part) for part in again) else None
 
     def _ending(self, tokens: list[int], logits: list[Any]) -> float | None:
         """How sure the decoder was that the sentence ends where the reading does: the probability
@@ -276,14 +275,14 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def _plain(sentence: str) -> str:
-    """A sentence as :func:`says_again` compares it: no marks at its ends, lower case."""
-    return sentence.strip(" .?!,").lower()
+def _sentences(text: str) -> list[str]:
+    """The sentences of ``text`` as a repetition is judged by: no marks at their ends, lower case,
+    none empty."""
+    plain = (part.strip(" .?!,").lower() for part in SENTENCE_END.split(text))
+    return [sentence for sentence in plain if sentence]
 
 
 def says_again(text: str) -> bool:
     """Whether a sentence of ``text`` follows itself ("Mm-hmm. Mm-hmm."): what a short window's
     decoder does on noise or past a clip's end; the whole window reads such a clip again."""
-    sentences = [_plain(part) for part in SENTENCE_END.split(text)]
-    sentences = [part for part in sentences if part]
-    return any(a == b for a, b in itertools.pairwise(sentences))
+    return any(a == b for a, b in itertools.pairwise(_sentences(text)))

@@ -86,7 +86,9 @@ def rabbitmqctl(node: str | None, *args: str, timeout_s: float = 30, tries: int 
             return done.stdout.decode()
         except (OSError, subprocess.SubprocessError) as exc:
             if tries > 1:
-                log.warning("rabbitmqctl %s failed (try %d of %d): %s", args[-1], attempt + 1, tries, exc)
+                log.warning(
+                    "rabbitmqctl %s failed (try %d of %d): %s", " ".join(args), attempt + 1, tries, exc
+                )
                 time.sleep(1.0)
     return None
 
