@@ -85,6 +85,35 @@ async def test_output_to_an_edge_the_owner_heard_from_goes_in_bundles(bus: Rabbi
     await queue.cancel()
 
 
+async def test_a_chunk_cut_off_before_its_bundle_left_is_never_sent(bus: RabbitBus, unique_id: str) -> None:
+    """An interrupt cancels the turn while its chunk waits for the next bundle (the last one is on
+    its way): the chunk must not go. Found on a 2-core AMD machine: the owner's ``TurnInterrupted``
+    (published at once, not through the outlet) reached the broker, and after it the chunk the
+    cancelled turn had handed the outlet (tests/integration/test_distributed.py,
+    ``test_owner_publishes_nothing_of_an_interrupted_turn``)."""
+    worker, edge = await amqp(bus), await amqp(bus)
+    s = f"bc-{unique_id}"
+    seen: Seen = []
+    queue = await edge.open_edge_queue(f"bc-{unique_id}", recorder(seen))
+    await queue.add_session(s)
+    await owned_by(worker, edge, [s], [])
+    first = asyncio.create_task(worker.publish(chunk(s, 0), OUT))
+    outlet = None
+    while outlet is None or outlet._in_flight == 0:  # its bundle is on its way to the broker
+        await asyncio.sleep(0)
+        outlet = worker._outlets.get(worker._routes.get(s, ""))
+    cut = asyncio.create_task(worker.publish(chunk(s, 1), OUT))
+    await asyncio.sleep(0)
+    assert len(outlet._entries) == 1 and outlet._in_flight == 1  # waiting for the next bundle
+    cut.cancel()
+    await first
+    await worker.publish(chunk(s, 2), OUT)
+    await until(lambda: len(seen) == 2)
+    await asyncio.sleep(0.2)
+    assert [env.seq for env, _ in seen] == [0, 2]
+    await queue.cancel()
+
+
 async def test_a_session_mailbox_takes_only_its_own_entries_of_a_bundle(
     bus: RabbitBus, unique_id: str
 ) -> None:

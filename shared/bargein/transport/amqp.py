@@ -287,7 +287,21 @@ class _Outlet:
         if not self._flush_due:  # after what else is ready in this pass
             self._flush_due = True
             loop.call_soon(self._flush)
-        await waiter
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._withdraw(waiter)
+            raise
+
+    def _withdraw(self, waiter: asyncio.Future[None]) -> None:
+        """Its publisher was cancelled (an interrupt cut the turn off) before its entry went into a
+        bundle: it does not go. Sent later, it followed the turn's ``TurnInterrupted`` (published
+        at once, not through the outlet) while a bundle was on its way: a chunk of a turn after the
+        notice that the turn was cut (the edge's fence dropped it, but nothing should be there)."""
+        for i, waiting in enumerate(self._waiters):
+            if waiting is waiter:
+                del self._waiters[i], self._entries[i]
+                return
 
     def _flush(self) -> None:
         self._flush_due = False
