@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 from bargein import (
     AgentGenerationComplete,
     Bridge,
+    EndCall,
     Event,
     ReasoningNode,
     SessionInfo,
@@ -30,7 +31,7 @@ from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, new_session_id
-from bargein.wire.names import TIER_REASONING
+from bargein.wire.names import TIER_REASONING, Tier
 
 from .helpers import reply_text, take_chunks, wait_for
 
@@ -116,6 +117,38 @@ async def test_an_orphaned_session_is_adopted_and_its_turn_resumed(pool: Pool) -
     assert second.adopted == 1
     rest = await caller.collect_turn()
     assert heard + reply_text(rest) == REPLY
+
+
+class WatchedStore(MemoryStateStore):
+    """Runs ``on_release`` as soon as a lease is released: another worker's look for orphans
+    landing at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_release: Callable[[], Awaitable[None]] | None = None
+
+    async def release_lease(self, tier: Tier, session: str, owner: str, epoch: int) -> None:
+        await super().release_lease(tier, session, owner, epoch)
+        if self.on_release is not None:
+            await self.on_release()
+
+
+async def test_a_call_that_ended_is_never_adopted_by_another_worker(pool: Pool) -> None:
+    """Found on a 2-core machine (tests/integration/test_line.py, the Line counter's EndCall): the
+    ending owner released the lease before it took the session out of the directory, and another
+    worker's look for orphans between the two adopted the call that was over, and kept its state."""
+    pool.store = WatchedStore()
+    first = await pool.worker()
+    caller = await pool.session()
+    await wait_for(lambda: caller.session_id in first.host.sessions)
+    second = await pool.worker()
+    pool.store.on_release = second.adopt_orphans
+    await caller.emit(EndCall(reason="caller hung up"))
+    await wait_for(lambda: caller.session_id not in first.host.sessions)
+    await asyncio.sleep(0.3)  # the ending owner forgets it; an adopter would have checkpointed it
+    assert caller.session_id not in second.host.sessions
+    assert second.adopted == 0
+    assert await pool.store.load_state(TIER_REASONING, caller.session_id) is None
 
 
 @pytest.mark.parametrize("dead_worker", [False, True])

@@ -231,6 +231,10 @@ class SessionHost:
     async def finish(self, session_id: str) -> None:
         if session_id not in self.sessions:
             return
+        # Out of the directory before the lease goes: released while still listed, it was an
+        # orphan to any worker that looked in between, which adopted a call that was over
+        with contextlib.suppress(Exception):  # (Redis away: forget_session below says so)
+            await self.store.unregister_session(self.tier, session_id)
         await self.close(session_id, checkpoint=False)
         await forget_session(self.transport, self.store, session_id, tier=self.tier)
         log.info("session %s ended", session_id)
