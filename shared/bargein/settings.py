@@ -381,6 +381,13 @@ class BroadcastSettings(_Base):
     client_audio_realtime: float = Field(
         default=2.0, ge=1, description="Audio one connection may send, as a multiple of real time."
     )
+    resend_wait_ms: float = Field(
+        default=1000,
+        ge=0,
+        le=60_000,
+        description="How long an answer's chunks that came after a lost one wait for it (the edge asks "
+        "the owner for it again) before the caller hears them without it.",
+    )
     reconnect_grace_s: float = Field(
         default=60.0,
         gt=0,

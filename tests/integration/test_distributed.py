@@ -23,6 +23,7 @@ from bargein import (
     CustomReceived,
     EmergencyStop,
     Event,
+    OutputMissed,
     TurnInterrupted,
     UserStartedSpeaking,
     UserStoppedSpeaking,
@@ -42,6 +43,7 @@ from bargein.wire.names import (
 from bargein.wire.session_info import SessionInfo
 
 from ..contract.harness import RabbitBus
+from ..sdk.helpers import wait_for
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, T, ask, chunks, connected_client, text_of
 
@@ -374,3 +376,22 @@ async def test_a_speculative_turn_on_an_owner_killed_over_rabbitmq(client: Clien
     events = await caller.collect_turn(timeout=30)
     assert text_of(events) == "first second " + " ".join(f"tail{i}" for i in range(20))
     assert await user_words(client, caller) == ["first", "second"]
+
+
+# --- a chunk the broker lost is sent again (tests/sdk/test_order.py holds the rest in process) -----
+
+
+async def test_the_owner_sends_again_over_rabbitmq_what_the_edge_says_it_missed(client: Client) -> None:
+    caller = await start(client, tail=6, word_delay=0.001)
+    await ask(caller, "hello")
+    events = await caller.collect_turn(timeout=T)
+    turn = caller.received[-1][0].turn
+    numbers = [e.seq for e, _ in caller.received if e.turn == turn]
+    assert numbers == list(range(len(events)))  # what the caller gets has no gaps
+    before = caller.fence.dropped["duplicate"]
+    await caller.emit(OutputMissed(turn=turn, first=2, last=4))
+    # the owner's process publishes those three again, with their numbers: here, where nothing
+    # was lost, the fence drops them as repeats
+    await wait_for(lambda: caller.fence.dropped["duplicate"] - before == 3, timeout=T)
+    assert await caller.quiet(0.3) == []
+    assert caller.fence.dropped["duplicate"] - before == 3

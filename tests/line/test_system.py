@@ -127,6 +127,32 @@ async def test_only_the_speaking_node_reaches_the_caller_and_background_broadcas
     assert insights == [("background", {"length": 5})]
 
 
+class Noting(Speaker):
+    """Between its words, broadcasts an event of its own, which only the session's bridges hear."""
+
+    async def process_context(self, context: Any) -> AsyncIterator[Any]:
+        for word in ("one ", "two ", "three"):
+            yield AgentResponse(content=word)
+            yield CustomReceived(metadata={"after": word})
+
+
+async def test_what_the_caller_gets_of_a_turn_is_numbered_without_gaps() -> None:
+    """The edge takes a missing number for a lost message and asks for it again: an event the
+    speaking node broadcasts to the bridges only must not use up a number the caller never sees."""
+    noting = Noting(node_id="speaker")
+
+    def build(system: VoiceAgentSystem) -> None:
+        bridge = Bridge(noting)
+        bridge.on(UserStoppedSpeaking).stream(noting.generate).broadcast()
+        system.with_speaking_node(noting, bridge)
+
+    async with LocalSession(line_agent(build)) as s:
+        await ask(s, "hello")
+        assert text_of(await s.collect_turn()) == "one two three"
+        turn = s.received[-1][0].turn
+        assert [e.seq for e, _ in s.received if e.turn == turn] == [0, 1, 2, 3]
+
+
 async def test_the_initial_message_is_sent_once_even_when_another_owner_runs_handle_new_call() -> None:
     starts: list[str] = []
 

@@ -469,6 +469,17 @@ class SpeechDelivered(Event):
     final: bool = False
 
 
+class OutputMissed(Event):
+    """Published by the client edge: chunks ``first`` to ``last`` (both included) of ``turn`` never
+    reached it, though a later one did (the broker lost them: a node that thawed deleted the edge's
+    queue with them in it). The owner publishes them again, as they were; the edge holds what came
+    after them meanwhile, so the caller hears the answer whole and in order."""
+
+    turn: int
+    first: int
+    last: int
+
+
 class HeardTurn(BaseModel):
     """One turn of a :class:`HeardRecord`: the caller got chunks up to ``seq`` (of the last, ``chars``
     characters, if given), whose text is ``text``."""

@@ -42,6 +42,7 @@ from bargein.agent.events import (
     FalseInterruption,
     InterruptPolicy,
     LogMetric,
+    OutputMissed,
     SessionError,
     ToolCall,
     ToolResult,
@@ -102,6 +103,7 @@ from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.fence import TurnFence
 from bargein.wire.heard import HeardLog
 from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, VOICE_OPTION
+from bargein.wire.order import Gap, TurnOrder
 from bargein.wire.playback import Playback
 from bargein.wire.session_info import SessionInfo
 
@@ -325,6 +327,8 @@ class EdgeSession:
         self.session_id = session_id
         self.connections: set[Connection] = set()
         self.fence = TurnFence()
+        self.order: TurnOrder[Event] = TurnOrder()  # what came after a lost chunk waits for it
+        self.order_timers: dict[int, asyncio.TimerHandle] = {}  # per turn: when to stop waiting
         self.owner_epoch = 0  # the reasoning owner's epoch, as confirmed by the state store
         self.policy: set[str] = set()
         self.highest_turn = 0
@@ -383,6 +387,7 @@ class EdgeSession:
         """Cut ``turn`` off for every connection now (``since``: when the barge-in was published)."""
         if turn <= 0 or not self.fence.interrupt(turn):
             return
+        self.order.forget(turn)  # nothing of a cut turn waits for a lost chunk any more
         if since is not None:
             metrics.INTERRUPT_TO_CLEAR.observe(metrics.since(since))
         self.edge.count("clears")
@@ -718,6 +723,61 @@ class Edge:
             and not await self._new_owner(session, envelope)
         ):
             return
+        if (
+            from_owner
+            and envelope.turn > 0
+            and not envelope.control
+            and not session.fence.is_fenced(envelope.turn)
+        ):  # an answer's chunks go on in order, whole: one the broker lost is asked for again
+            ready, gap = session.order.arrive(envelope, event)
+            if gap is not None:
+                await self._ask_again(session, gap)
+            for in_order, its_event in ready:
+                await self._apply(session, in_order, its_event)
+            return
+        await self._apply(session, envelope, event)
+
+    async def _ask_again(self, session: EdgeSession, gap: Gap) -> None:
+        """Chunks of a turn are missing (a later one came): ask the owner for them, and let what
+        waits behind them go after ``BARGEIN_RESEND_WAIT_MS`` if they do not come."""
+        self.count("chunks_asked_again", gap.last - gap.first + 1)
+        log.info(
+            "session %s turn %d: chunks %d-%d did not arrive; asking the owner for them again",
+            session.session_id,
+            gap.turn,
+            gap.first,
+            gap.last,
+        )
+        try:
+            missed = OutputMissed(turn=gap.turn, first=gap.first, last=gap.last)
+            await self._publish(session.session_id, missed)
+        except Exception as exc:  # the broker is away, or the owner's mailbox is gone: wait it out
+            log.warning("session %s: could not ask for the missing chunks: %s", session.session_id, exc)
+        timer = session.order_timers.pop(gap.turn, None)
+        if timer is not None:
+            timer.cancel()
+        session.order_timers[gap.turn] = asyncio.get_running_loop().call_later(
+            self.settings.resend_wait_ms / 1000, lambda: self.spawn(self._stop_waiting(session, gap.turn))
+        )
+
+    async def _stop_waiting(self, session: EdgeSession, turn: int) -> None:
+        """The chunks asked for did not all come in time: the caller hears the rest without them."""
+        session.order_timers.pop(turn, None)
+        released, lost = session.order.give_up(turn)
+        if session.ended or not released:
+            return
+        self.count("chunks_lost", len(lost))
+        log.warning(
+            "session %s turn %d: chunks %s never came; going on without them",
+            session.session_id,
+            turn,
+            lost,
+        )
+        for envelope, event in released:
+            await self._apply(session, envelope, event)
+
+    async def _apply(self, session: EdgeSession, envelope: Envelope, event: Event) -> None:
+        """What a message from the bus does, in its turn."""
         if isinstance(event, InterruptPolicy):  # an owner starts: tell it what the caller heard
             session.policy = set(event.events)
             record = session.heard.record()
@@ -825,6 +885,8 @@ class Edge:
         if session.ended:
             return
         session.ended = True
+        for timer in session.order_timers.values():
+            timer.cancel()
         session.end_reason = reason  # from now on a caller who joins is told at once (join)
         had_callers = session.joined_once
         for connection in list(session.connections):

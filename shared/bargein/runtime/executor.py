@@ -164,6 +164,11 @@ class TurnRun:
         self._seq += 1
         return self._seq
 
+    @property
+    def last_seq(self) -> int:
+        """The number last given out (0 before any): what an unnumbered message is stamped with."""
+        return max(self._seq, 0)
+
     def delivered_text(self) -> str:
         return "" if self.turn is None else self.host.delivered_text(self.turn)
 

@@ -6,12 +6,16 @@ characters of that chunk were spoken (to the end of the last word heard). An int
 cut to exactly that, and corrected again when a report arrives after the cancel. When a session
 changes owner, the edge hands the new one its record, text included, because the new owner has not
 produced the chunks its predecessor did (``heard``).
+
+It also keeps what each recent turn sent the caller, as sent: an edge that finds a number missing
+(the broker lost that message) asks for it again (``OutputMissed``), and gets it as it was.
 """
 
 from __future__ import annotations
 
 import collections
 
+from bargein.wire.envelope import Envelope
 from bargein.wire.heard import Position, cut_text, later
 
 RECENT_TURNS = 16  # late delivery reports only ever concern the last few turns
@@ -27,9 +31,20 @@ class DeliveryLedger:
         self._chunks: dict[int, dict[int, str]] = collections.defaultdict(dict)
         self._delivered_upto: dict[int, Position] = {}
         self._heard: dict[int, str] = {}  # the edge's own text of what it delivered, when it sent it
+        self._sent: dict[int, dict[int, Envelope]] = collections.defaultdict(dict)  # for OutputMissed
 
     def published(self, turn: int, seq: int, text: str) -> None:
         self._chunks[turn][seq] = text
+
+    def sent(self, envelope: Envelope) -> None:
+        """``envelope`` went to the caller (numbered: control takes no number of its own)."""
+        self._sent[envelope.turn][envelope.seq] = envelope
+
+    def again(self, turn: int, first: int, last: int) -> list[Envelope]:
+        """What was sent of ``turn`` from ``first`` to ``last``, in order: what this process still
+        has of it (nothing of a turn too old, or one its predecessor sent)."""
+        sent = self._sent.get(turn, {})
+        return [sent[seq] for seq in sorted(sent) if first <= seq <= last]
 
     def delivered(self, turn: int, seq: int, text: str | None = None, chars: int | None = None) -> None:
         """The caller got ``turn`` up to chunk ``seq`` (only its first ``chars`` characters, if
@@ -57,3 +72,5 @@ class DeliveryLedger:
             self._chunks.pop(old, None)
             self._delivered_upto.pop(old, None)
             self._heard.pop(old, None)
+        for old in [t for t in self._sent if t < turn - RECENT_TURNS]:
+            self._sent.pop(old, None)

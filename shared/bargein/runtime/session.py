@@ -13,7 +13,9 @@ state store behind it differ. The path of an event:
 3. if any route queued the event, the session is checkpointed before the event is acknowledged, so
    a new owner would run that work; the routes do it in their own tasks, never under the dispatcher;
 4. everything a run broadcasts goes out through :meth:`SessionRuntime.publish_output`, stamped with
-   (session, turn, seq, epoch) and recorded in the :class:`~bargein.runtime.ledger.DeliveryLedger`;
+   (session, turn, seq, epoch) and recorded in the :class:`~bargein.runtime.ledger.DeliveryLedger`
+   (the numbers of what the caller gets have no gaps: an edge that finds one asks again,
+   ``OutputMissed``, and gets what the ledger kept);
 5. after each finished turn and each interrupt handler the nodes and the routes' unfinished work are
    checkpointed to the state store under the owner's epoch.
 """
@@ -44,6 +46,7 @@ from bargein.agent.events import (
     Event,
     HeardRecord,
     InterruptPolicy,
+    OutputMissed,
     SpeculationDropped,
     SpeculativeTurn,
     SpeechDelivered,
@@ -287,6 +290,9 @@ class SessionRuntime(SessionProcessor):
             tracing.SESSION.reset(bound)
 
     async def _handle(self, envelope: Envelope, event: Event) -> None:
+        if isinstance(event, OutputMissed):  # the broker lost some of a turn on its way
+            await self._send_again(event)
+            return
         if isinstance(event, SpeechDelivered | HeardRecord) and self.speculation is not None:
             self.speculation.reports.append(event)  # applied again if the nodes are put back
         if isinstance(event, SpeechDelivered | HeardRecord):
@@ -315,6 +321,31 @@ class SessionRuntime(SessionProcessor):
             await self._dispatch(message_of(envelope, event))
         if isinstance(event, EndCall) and self.on_end is not None:
             self.on_end(self.session_id)  # the caller hung up: the bridges have heard it
+
+    async def _send_again(self, missed: OutputMissed) -> None:
+        """Publish again what the edge says it never got of a turn, as it was sent (same numbers, so
+        the edge's fence drops any that arrive twice). Best effort: the edge lets what it holds go
+        after ``BARGEIN_RESEND_WAIT_MS`` whatever happens here."""
+        again = self.ledger.again(missed.turn, missed.first, missed.last)
+        self.count("output_sent_again", len(again))
+        asked = missed.last - missed.first + 1
+        if len(again) < asked:
+            self.count("output_missed_unknown", asked - len(again))  # a predecessor's, or long gone
+        log.info(
+            "session %s turn %d: the edge missed chunks %d-%d; sending %d of them again",
+            self.session_id,
+            missed.turn,
+            missed.first,
+            missed.last,
+            len(again),
+        )
+        for envelope in again:
+            try:
+                await self.transport.publish(envelope, OUT)
+            except (BrokerUnavailable, UnroutableError) as exc:
+                self.count("output_sent_again_failed")
+                log.warning("session %s: could not send chunks again: %s", self.session_id, exc)
+                return
 
     def _on_delivery_report(self, report: SpeechDelivered | HeardRecord) -> bool:
         """Record how far the caller got; True if that corrected an interrupted answer."""
@@ -510,14 +541,17 @@ class SessionRuntime(SessionProcessor):
             self.count("dropped_after_close")
             return
         turn = run.ensure_turn()
-        seq = run.next_seq()
-        envelope = Envelope.wrap(
-            self.session_id, event, turn=turn, seq=seq, epoch=self.epoch, source=run.bridge.node.id or ""
-        )
         # A plain agent's broadcasts all reach the caller; with a speaking node (Line's style) only
         # its events the caller has a use for do, as Line's user bridge forwarded only those
         to_caller = self.speaking_bridge is None or (
             run.bridge is self.speaking_bridge and isinstance(event, CALLER_EVENTS)
+        )
+        # What the caller gets is numbered without gaps, so the edge can tell one was lost; what
+        # only the bridges hear, and control (it overtakes data: no order to keep), takes no number
+        numbered = to_caller and not event.control
+        seq = run.next_seq() if numbered else run.last_seq
+        envelope = Envelope.wrap(
+            self.session_id, event, turn=turn, seq=seq, epoch=self.epoch, source=run.bridge.node.id or ""
         )
         # goes out when (if) the caller's turn is confirmed, and after what that turn held
         if not self._later(functools.partial(self._emit_output, envelope, event, run, to_caller)):
@@ -528,6 +562,8 @@ class SessionRuntime(SessionProcessor):
         if to_caller:
             if isinstance(event, AgentResponse):
                 self.ledger.published(turn, seq, event.content)
+            if not event.control:
+                self.ledger.sent(envelope)
             await self._publish_while_owned(envelope)
             self.count("published")
             if seq == 0 and not run.resumed:

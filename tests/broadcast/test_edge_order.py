@@ -1,0 +1,104 @@
+"""The edge hears an answer's chunks in order and whole: what comes after a lost one waits for it,
+the edge asks the owner for it again (``OutputMissed``), and lets the rest go without it only after
+``BARGEIN_RESEND_WAIT_MS``. In process, on the in-memory transport: the tests are the owner."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bargein.agent.events import AgentGenerationComplete, AgentResponse, Event, OutputMissed, TurnInterrupted
+from bargein.edge.core import Edge, JsonWire
+from bargein.settings import BroadcastSettings
+from bargein.transport.memory import MemoryStateStore, MemoryTransport
+from bargein.wire.envelope import Envelope
+from bargein.wire.names import IN, TIER_REASONING
+
+from ..sdk.helpers import wait_for
+from .test_edge_unit import FakeSocket, push
+
+
+async def edge_and_owner(wait_ms: float) -> tuple[Edge, list[OutputMissed]]:
+    """An edge, and what it asks of session s1's owner (whose mailbox the test reads)."""
+    settings = BroadcastSettings(report_interval_ms=10_000, resend_wait_ms=wait_ms)
+    edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
+    await edge.start()
+    asked: list[OutputMissed] = []
+
+    async def owner(envelope: Envelope, event: Event) -> None:
+        if isinstance(event, OutputMissed):
+            asked.append(event)
+
+    await edge.transport.open_mailbox("s1", TIER_REASONING, IN, owner)
+    return edge, asked
+
+
+def words(sock: FakeSocket) -> list[Any]:
+    return [f.get("text", f["type"]) for f in sock.sent if f["type"] in ("agent_chunk", "turn_complete")]
+
+
+def word(seq: int) -> AgentResponse:
+    return AgentResponse(content=f"w{seq}")
+
+
+async def test_a_lost_chunk_is_asked_for_and_the_answer_reaches_the_caller_whole_and_in_order() -> None:
+    edge, asked = await edge_and_owner(wait_ms=10_000)
+    try:
+        sock = FakeSocket()
+        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        for seq in (0, 1, 3, 4):  # 2 was lost on its way
+            await push(edge, "s1", word(seq), turn=1, seq=seq, epoch=1)
+        await push(edge, "s1", AgentGenerationComplete(), turn=1, seq=5, epoch=1)
+        await wait_for(lambda: len(asked) == 1)
+        assert asked == [OutputMissed(turn=1, first=2, last=2)]  # once, though three came after it
+        await asyncio.sleep(0.05)
+        assert words(sock) == ["w0", "w1"]  # the rest waits for it
+        await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)  # sent again by the owner
+        await wait_for(lambda: len(words(sock)) == 6)
+        assert words(sock) == ["w0", "w1", "w2", "w3", "w4", "turn_complete"]
+        assert edge.counters["chunks_asked_again"] == 1 and edge.counters["chunks_lost"] == 0
+        await push(edge, "s1", word(3), turn=1, seq=3, epoch=1)  # one that came twice: once
+        await asyncio.sleep(0.05)
+        assert len(words(sock)) == 6
+    finally:
+        await edge.stop()
+
+
+async def test_what_waits_goes_on_without_a_chunk_that_never_comes() -> None:
+    edge, asked = await edge_and_owner(wait_ms=200)
+    try:
+        sock = FakeSocket()
+        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
+        await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)
+        await wait_for(lambda: len(asked) == 1)
+        await asyncio.sleep(0.05)
+        assert words(sock) == ["w0"]
+        await wait_for(lambda: len(words(sock)) == 2, timeout=5)
+        assert words(sock) == ["w0", "w2"]
+        assert edge.counters["chunks_lost"] == 1
+        await push(edge, "s1", word(1), turn=1, seq=1, epoch=1)  # too late: the caller is past it
+        await push(edge, "s1", word(3), turn=1, seq=3, epoch=1)
+        await wait_for(lambda: len(words(sock)) == 3)
+        assert words(sock) == ["w0", "w2", "w3"]
+    finally:
+        await edge.stop()
+
+
+async def test_a_turn_cut_off_while_it_waits_for_a_lost_chunk_sends_nothing_more() -> None:
+    edge, asked = await edge_and_owner(wait_ms=200)
+    try:
+        sock = FakeSocket()
+        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
+        await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)
+        await wait_for(lambda: len(words(sock)) == 1)
+        await push(edge, "s1", TurnInterrupted(turn=1), turn=1, epoch=1)
+        await asyncio.sleep(0.4)  # past the wait
+        assert asked == [OutputMissed(turn=1, first=1, last=1)]
+        assert words(sock) == ["w0"]
+        assert edge.counters["chunks_lost"] == 0
+        await push(edge, "s1", word(0), turn=2, seq=0, epoch=1)  # the next turn is not held up
+        await wait_for(lambda: len(words(sock)) == 2)
+    finally:
+        await edge.stop()
