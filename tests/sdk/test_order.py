@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import pytest
+
 from bargein import (
     AgentResponse,
     Bridge,
@@ -21,6 +23,7 @@ from bargein import (
     SessionInfo,
     UserStoppedSpeaking,
 )
+from bargein.errors import InvalidEnvelope
 from bargein.testing import LocalSession
 from bargein.wire.envelope import Envelope
 from bargein.wire.order import Gap, TurnOrder
@@ -161,3 +164,15 @@ async def test_a_resumed_turns_owner_has_nothing_to_send_again() -> None:
         await s.emit(OutputMissed(turn=turn, first=0, last=1))
         assert s.runtime.counters["output_sent_again"] == 0
         assert s.runtime.counters["output_missed_unknown"] == 2
+
+
+def test_an_ask_that_names_no_gap_is_refused_where_it_is_decoded() -> None:
+    """A bad message (or a forged one) must not make an owner walk a billion numbers: it is refused
+    by the envelope's decoding (dead-lettered and counted by the transport)."""
+    for first, last in ((5, 4), (0, 10**9)):
+        envelope = Envelope(
+            v=1, type="OutputMissed", session="s", payload={"turn": 1, "first": first, "last": last}
+        )
+        with pytest.raises(InvalidEnvelope):
+            envelope.event()
+    assert OutputMissed(turn=1, first=3, last=3).last == 3

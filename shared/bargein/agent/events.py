@@ -469,15 +469,24 @@ class SpeechDelivered(Event):
     final: bool = False
 
 
+MISSED_AT_MOST: Final = 10_000  # chunks one OutputMissed may ask for again
+
+
 class OutputMissed(Event):
     """Published by the client edge: chunks ``first`` to ``last`` (both included) of ``turn`` never
     reached it, though a later one did (the broker lost them: a node that thawed deleted the edge's
     queue with them in it). The owner publishes them again, as they were; the edge holds what came
     after them meanwhile, so the caller hears the answer whole and in order."""
 
-    turn: int
-    first: int
-    last: int
+    turn: int = Field(ge=1)
+    first: int = Field(ge=0)
+    last: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _a_gap(self) -> OutputMissed:
+        if not 0 <= self.last - self.first < MISSED_AT_MOST:  # (what one bad message may cost an owner)
+            raise ValueError(f"first..last must name 1 to {MISSED_AT_MOST} chunks")
+        return self
 
 
 class HeardTurn(BaseModel):
