@@ -102,3 +102,31 @@ async def test_a_turn_cut_off_while_it_waits_for_a_lost_chunk_sends_nothing_more
         await wait_for(lambda: len(words(sock)) == 2)
     finally:
         await edge.stop()
+
+
+async def test_a_turn_whose_end_was_lost_is_asked_for_the_rest_and_completes() -> None:
+    settings = BroadcastSettings(report_interval_ms=20, resend_wait_ms=50)
+    edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
+    await edge.start()
+    asked: list[OutputMissed] = []
+
+    async def owner(envelope: Envelope, event: Event) -> None:
+        if isinstance(event, OutputMissed):
+            asked.append(event)
+
+    await edge.transport.open_mailbox("s1", TIER_REASONING, IN, owner)
+    try:
+        sock = FakeSocket()
+        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
+        await push(edge, "s1", word(1), turn=1, seq=1, epoch=1)  # its end (seq 2) is lost
+        await wait_for(lambda: len(asked) == 1)
+        assert asked == [OutputMissed(turn=1, first=2, last=2 + 9_999)]
+        await push(edge, "s1", AgentGenerationComplete(), turn=1, seq=2, epoch=1)  # sent again
+        await wait_for(lambda: "turn_complete" in words(sock))
+        await push(edge, "s1", word(0), turn=2, seq=0, epoch=1)
+        await push(edge, "s1", AgentGenerationComplete(), turn=2, seq=1, epoch=1)
+        await asyncio.sleep(0.4)  # ended turns are never asked about
+        assert len(asked) == 1 and edge.counters["turns_asked_for_the_rest"] == 1
+    finally:
+        await edge.stop()

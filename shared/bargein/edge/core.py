@@ -128,6 +128,7 @@ HOUSEKEEPING_S = 5.0  # how often sessions with no connections here are looked a
 HANG_UP_RETRY_S = 0.5  # between tellings of a hang-up the broker did not take
 
 
+STALLED_AFTER = 3  # a turn silent this many BARGEIN_RESEND_WAIT_MS without its end is asked for the rest
 AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
 
 
@@ -760,6 +761,21 @@ class Edge:
             self.settings.resend_wait_ms / 1000, lambda: self.spawn(self._stop_waiting(session, gap.turn))
         )
 
+    async def _ask_for_the_rest(self, session: EdgeSession, now: float) -> None:
+        """A turn that has not ended and has heard nothing for a while may have lost its last
+        message, which no later one would show: ask the owner for whatever follows."""
+        for gap in session.order.stalled(now, STALLED_AFTER * self.settings.resend_wait_ms / 1000):
+            self.count("turns_asked_for_the_rest")
+            log.debug(
+                "session %s turn %d: nothing after chunk %d for a while, and no end; asking for the rest",
+                session.session_id,
+                gap.turn,
+                gap.first - 1,
+            )
+            missed = OutputMissed(turn=gap.turn, first=gap.first, last=gap.last)
+            with contextlib.suppress(Exception):  # the broker is away: the next look asks again
+                await self._publish(session.session_id, missed)
+
     async def _stop_waiting(self, session: EdgeSession, turn: int) -> None:
         """The chunks asked for did not all come in time: the caller hears the rest without them."""
         session.order_timers.pop(turn, None)
@@ -833,6 +849,7 @@ class Edge:
             else:
                 self.count("dropped_chunks")
         elif isinstance(event, AgentGenerationComplete):
+            session.order.ended(envelope.turn)
             if session.fence.admit(envelope):
                 session.completed.add(envelope.turn)
                 session.broadcast(TurnComplete(turn=envelope.turn))
@@ -840,6 +857,7 @@ class Edge:
         elif isinstance(event, SessionError):
             session.broadcast(ErrorFrame(code=event.code, message=event.message))
         elif isinstance(event, AgentError):
+            session.order.ended(envelope.turn)  # a turn that failed: nothing more comes of it
             session.broadcast(ErrorFrame(code=ErrorCode.AGENT_ERROR, message=event.message))
         elif isinstance(event, EndCall):
             # ended aside (its connections' last frames, the speech tier's records, the bindings):
@@ -1031,8 +1049,10 @@ class Edge:
         interval = max(self.settings.report_interval_ms, 1.0) / 1000
         while True:
             await asyncio.sleep(interval)
+            now = time.monotonic()
             for session in list(self.sessions.values()):
                 await self._report(session)
+                await self._ask_for_the_rest(session, now)
 
     async def _report(self, session: EdgeSession) -> None:
         """What the session's callers received since the last report, one report a turn."""

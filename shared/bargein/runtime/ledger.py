@@ -40,6 +40,10 @@ class DeliveryLedger:
         """``envelope`` went to the caller (numbered: control takes no number of its own)."""
         self._sent[envelope.turn][envelope.seq] = envelope
 
+    def last_sent(self, turn: int) -> int:
+        """The highest number sent of ``turn`` that this process has (-1: none)."""
+        return max(self._sent.get(turn, ()), default=-1)
+
     def again(self, turn: int, first: int, last: int) -> list[Envelope]:
         """What was sent of ``turn`` from ``first`` to ``last``, in order: what this process still
         has of it (nothing of a turn too old, or one its predecessor sent)."""

@@ -328,10 +328,11 @@ class SessionRuntime(SessionProcessor):
         after ``BARGEIN_RESEND_WAIT_MS`` whatever happens here."""
         again = self.ledger.again(missed.turn, missed.first, missed.last)
         self.count("output_sent_again", len(again))
-        asked = missed.last - missed.first + 1
+        # (an edge that asks for the rest of a turn asks past its end: only what was sent counts)
+        asked = min(missed.last, self.ledger.last_sent(missed.turn)) - missed.first + 1
         if len(again) < asked:
             self.count("output_missed_unknown", asked - len(again))  # a predecessor's, or long gone
-        log.info(
+        (log.info if again else log.debug)(
             "session %s turn %d: the edge missed chunks %d-%d; sending %d of them again",
             self.session_id,
             missed.turn,

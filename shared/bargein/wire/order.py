@@ -9,8 +9,9 @@ hear the answer with a word missing, the edge holds what came after the gap, ask
 missing numbers again (:class:`~bargein.agent.events.OutputMissed`), and lets the held messages go
 once the gap is filled, or once it has waited long enough (an owner that cannot send them again: a
 new owner after a failover resends by resuming the turn, and one that no longer has them says
-nothing). The loss of a turn's very last message, and of the first message this edge hears of a
-session, shows no gap.
+nothing). A turn's last message lost shows no gap; a turn that has not ended and hears nothing for a
+while (:meth:`TurnOrder.stalled`) is asked for whatever follows what came. The loss of the first
+message this edge hears of a session is not noticed.
 
 :class:`TurnFence` decides what is stale; this decides what is early. The edge asks the fence
 first: a fenced turn's message is dropped, not held.
@@ -19,8 +20,10 @@ first: a fenced turn's message is dropped, not held.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Generic, TypeVar
 
+from bargein.agent.events import MISSED_AT_MOST
 from bargein.wire.envelope import Envelope
 
 T = TypeVar("T")  # what travels with an envelope (the edge passes its decoded event)
@@ -42,6 +45,9 @@ class _Turn(Generic[T]):
     next: int = 0  # the number the caller is to get next
     held: dict[int, tuple[Envelope, T]] = dataclasses.field(default_factory=dict)
     asked_upto: int = -1  # the highest number already asked for again
+    heard_at: float = 0.0  # time.monotonic() of its last message
+    ended: bool = False  # its last message (AgentGenerationComplete) has come
+    asked_rest: bool = False  # asked for whatever follows, since its last message
 
 
 class TurnOrder(Generic[T]):
@@ -52,7 +58,9 @@ class TurnOrder(Generic[T]):
         self._oldest = 0  # turns below this are forgotten: their messages pass as they come
         self._listening = False  # something of the session's output has come here already
 
-    def arrive(self, envelope: Envelope, item: T) -> tuple[list[tuple[Envelope, T]], Gap | None]:
+    def arrive(
+        self, envelope: Envelope, item: T, now: float | None = None
+    ) -> tuple[list[tuple[Envelope, T]], Gap | None]:
         """What may go on now, in order (``envelope`` itself, what it unblocks, or nothing: it is
         held), and the gap to ask for again, if this message showed one not yet asked for.
 
@@ -68,6 +76,8 @@ class TurnOrder(Generic[T]):
             state = self._turns[turn] = _Turn(next=0 if self._listening else envelope.seq)
             self._listening = True
             self._forget_old()
+        state.heard_at = time.monotonic() if now is None else now
+        state.asked_rest = False
         if envelope.seq < state.next:
             return [(envelope, item)], None
         if envelope.seq > state.next:
@@ -98,6 +108,24 @@ class TurnOrder(Generic[T]):
             state.next = lowest
             released.extend(self._unblocked(state))
         return released, lost
+
+    def ended(self, turn: int) -> None:
+        """``turn``'s last message has come: nothing of it is missing once what it holds is in."""
+        state = self._turns.get(turn)
+        if state is not None:
+            state.ended = True
+
+    def stalled(self, now: float, after_s: float) -> list[Gap]:
+        """Turns that have not ended and have heard nothing for ``after_s``: their last message may
+        be what the broker lost, which no later one shows. Each is asked for everything after
+        what came (once until it hears more); an answer that is only slow costs one message."""
+        gaps = []
+        for turn, state in self._turns.items():
+            if state.ended or state.held or state.asked_rest or now - state.heard_at < after_s:
+                continue
+            state.asked_rest = True
+            gaps.append(Gap(turn, state.next, state.next + MISSED_AT_MOST - 1))
+        return gaps
 
     def waiting(self, turn: int) -> bool:
         """Whether ``turn`` holds messages behind a gap."""
