@@ -18,9 +18,9 @@ from ..sdk.helpers import wait_for
 from .test_edge_unit import FakeSocket, push
 
 
-async def edge_and_owner(wait_ms: float) -> tuple[Edge, list[OutputMissed]]:
+async def edge_and_owner(wait_ms: float, report_ms: float = 10_000) -> tuple[Edge, list[OutputMissed]]:
     """An edge, and what it asks of session s1's owner (whose mailbox the test reads)."""
-    settings = BroadcastSettings(report_interval_ms=10_000, resend_wait_ms=wait_ms)
+    settings = BroadcastSettings(report_interval_ms=report_ms, resend_wait_ms=wait_ms)
     edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
     await edge.start()
     asked: list[OutputMissed] = []
@@ -39,6 +39,15 @@ def words(sock: FakeSocket) -> list[Any]:
 
 def word(seq: int) -> AgentResponse:
     return AgentResponse(content=f"w{seq}")
+
+
+async def chunk_1_lost(edge: Edge) -> FakeSocket:
+    """A caller on s1, and turn 1's chunks 0 and 2 from its owner: 1 was lost on its way."""
+    sock = FakeSocket()
+    await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+    await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
+    await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)
+    return sock
 
 
 async def test_a_lost_chunk_is_asked_for_and_the_answer_reaches_the_caller_whole_and_in_order() -> None:
@@ -67,10 +76,7 @@ async def test_a_lost_chunk_is_asked_for_and_the_answer_reaches_the_caller_whole
 async def test_what_waits_goes_on_without_a_chunk_that_never_comes() -> None:
     edge, asked = await edge_and_owner(wait_ms=200)
     try:
-        sock = FakeSocket()
-        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
-        await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
-        await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)
+        sock = await chunk_1_lost(edge)
         await wait_for(lambda: len(asked) == 1)
         await asyncio.sleep(0.05)
         assert words(sock) == ["w0"]
@@ -88,10 +94,7 @@ async def test_what_waits_goes_on_without_a_chunk_that_never_comes() -> None:
 async def test_a_turn_cut_off_while_it_waits_for_a_lost_chunk_sends_nothing_more() -> None:
     edge, asked = await edge_and_owner(wait_ms=200)
     try:
-        sock = FakeSocket()
-        await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
-        await push(edge, "s1", word(0), turn=1, seq=0, epoch=1)
-        await push(edge, "s1", word(2), turn=1, seq=2, epoch=1)
+        sock = await chunk_1_lost(edge)
         await wait_for(lambda: len(words(sock)) == 1)
         await push(edge, "s1", TurnInterrupted(turn=1), turn=1, epoch=1)
         await asyncio.sleep(0.4)  # past the wait
@@ -105,16 +108,7 @@ async def test_a_turn_cut_off_while_it_waits_for_a_lost_chunk_sends_nothing_more
 
 
 async def test_a_turn_whose_end_was_lost_is_asked_for_the_rest_and_completes() -> None:
-    settings = BroadcastSettings(report_interval_ms=20, resend_wait_ms=50)
-    edge = Edge(MemoryTransport(), MemoryStateStore(), settings, owner="t", max_frame_bytes=64_000)
-    await edge.start()
-    asked: list[OutputMissed] = []
-
-    async def owner(envelope: Envelope, event: Event) -> None:
-        if isinstance(event, OutputMissed):
-            asked.append(event)
-
-    await edge.transport.open_mailbox("s1", TIER_REASONING, IN, owner)
+    edge, asked = await edge_and_owner(wait_ms=50, report_ms=20)  # the report loop looks for them
     try:
         sock = FakeSocket()
         await edge.join("s1", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
