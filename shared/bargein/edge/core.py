@@ -126,9 +126,9 @@ IDLE_FORGET_S = 60.0  # a session with no connections here is dropped from this 
 BACKLOG_INTERVAL_S = 0.5
 HOUSEKEEPING_S = 5.0  # how often sessions with no connections here are looked at
 HANG_UP_RETRY_S = 0.5  # between tellings of a hang-up the broker did not take
-
-
 STALLED_AFTER = 3  # a turn silent this many BARGEIN_RESEND_WAIT_MS without its end is asked for the rest
+
+
 AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
 
 

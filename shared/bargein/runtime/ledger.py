@@ -72,9 +72,8 @@ class DeliveryLedger:
 
     def finished(self, turn: int) -> None:
         """``turn`` is over: forget turns too old for a report to still matter."""
-        for old in [t for t in self._chunks if t < turn - RECENT_TURNS]:
+        for old in [t for t in {*self._chunks, *self._sent} if t < turn - RECENT_TURNS]:
             self._chunks.pop(old, None)
+            self._sent.pop(old, None)
             self._delivered_upto.pop(old, None)
             self._heard.pop(old, None)
-        for old in [t for t in self._sent if t < turn - RECENT_TURNS]:
-            self._sent.pop(old, None)
