@@ -176,6 +176,22 @@ class BrokerSettings(_Base):
         ge=0,
         description="SIGTERM: how long running turns may finish before hand-over; an edge stops within it.",
     )
+    mailboxes: Literal["session", "partitioned"] = Field(
+        default="session",
+        description="The reasoning tier's mailboxes: a queue pair per session, or partitions shared by many "
+        "(docs/operations.md, 'Partitioned mailboxes'); the same in every process.",
+    )
+    partitions: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="With partitioned mailboxes: how many per tier (the most workers a tier spreads over).",
+    )
+
+    @property
+    def partition_count(self) -> int:
+        """Partitions a partitioned tier runs with; 0 with a mailbox per session."""
+        return self.partitions if self.mailboxes == "partitioned" else 0
 
     @field_validator("rabbitmq_url")
     @classmethod

@@ -13,7 +13,18 @@ import aio_pika
 from bargein.transport.abc import Transport
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.memory import MemoryBroker, MemoryTransport
-from bargein.wire.names import DEAD_QUEUE, DEAD_REASON_HEADER, EVENTS_EXCHANGE, Direction, routing_key
+from bargein.wire.names import (
+    CONTROL,
+    DATA,
+    DEAD_QUEUE,
+    DEAD_REASON_HEADER,
+    EVENTS_EXCHANGE,
+    PARTITIONED_TIERS,
+    Direction,
+    partition_queue,
+    partitions_exchange,
+    routing_key,
+)
 
 AUDIO_FRAMES = 20  # speech mailboxes keep this many frames in the suite
 QUEUE_MAX = 60  # other mailboxes and edge queues hold this many, then hold their publishers back
@@ -27,9 +38,10 @@ class Bus(ABC):
         self.transports: list[Transport] = []
 
     @abstractmethod
-    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
+    async def transport(self, *, broker_wait_s: float = 15.0, partitions: int = 0) -> Transport:
         """A new transport (a new process, as far as the broker can tell); a publisher waits up to
-        ``broker_wait_s`` for room in a full queue."""
+        ``broker_wait_s`` for room in a full queue; with ``partitions``, the reasoning tier's
+        mailboxes are that many partitions."""
 
     @abstractmethod
     async def publish_raw(self, session: str, direction: Direction, event_name: str, body: bytes) -> None:
@@ -50,12 +62,13 @@ class MemoryBus(Bus):
         super().__init__()
         self.broker = MemoryBroker()
 
-    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
+    async def transport(self, *, broker_wait_s: float = 15.0, partitions: int = 0) -> Transport:
         transport = MemoryTransport(
             self.broker,
             audio_mailbox_frames=AUDIO_FRAMES,
             queue_max_messages=QUEUE_MAX,
             broker_wait_s=broker_wait_s,
+            partitions=partitions,
         )
         self.transports.append(transport)
         return transport
@@ -76,8 +89,9 @@ class RabbitBus(Bus):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.url = url
+        self.partitions = 0
 
-    async def transport(self, *, broker_wait_s: float = 15.0) -> Transport:
+    async def transport(self, *, broker_wait_s: float = 15.0, partitions: int = 0) -> Transport:
         transport = await AmqpTransport.connect(
             self.url,
             audio_mailbox_frames=AUDIO_FRAMES,
@@ -85,9 +99,16 @@ class RabbitBus(Bus):
             broker_wait_s=broker_wait_s,
             mailbox_expiry_ms=120_000,
             name="contract-test",
+            partitions=partitions,
         )
+        self.partitions = max(self.partitions, partitions)
         self.transports.append(transport)
         return transport
+
+    async def close(self) -> None:
+        await super().close()
+        if self.partitions:  # the shared broker's partitions: gone, with what a test left in them
+            await delete_partitions(self.url, self.partitions)
 
     async def publish_raw(self, session: str, direction: Direction, event_name: str, body: bytes) -> None:
         connection = await aio_pika.connect(self.url)
@@ -112,6 +133,18 @@ class RabbitBus(Bus):
                     if queue_part in str(message.headers.get("x-bargein-queue", "")):
                         reasons.append(str(message.headers.get(DEAD_REASON_HEADER)))
         return reasons
+
+
+async def delete_partitions(url: str, partitions: int) -> None:
+    """Delete the partitioned tiers' queues and exchanges (they are durable and shared)."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for tier in PARTITIONED_TIERS:
+            for kind in (CONTROL, DATA):
+                for partition in range(partitions):
+                    await channel.queue_delete(partition_queue(tier, partition, kind))
+                await channel.exchange_delete(partitions_exchange(tier, kind))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = T) -> None:

@@ -99,8 +99,10 @@ class Client:
 
 
 @contextlib.asynccontextmanager
-async def connected_client(rabbitmq_url: str, redis_url: str, name: str) -> AsyncIterator[Client]:
-    transport = await AmqpTransport.connect(rabbitmq_url, name=name)
+async def connected_client(
+    rabbitmq_url: str, redis_url: str, name: str, *, partitions: int = 0
+) -> AsyncIterator[Client]:
+    transport = await AmqpTransport.connect(rabbitmq_url, name=name, partitions=partitions)
     store = RedisStateStore.from_url(redis_url)
     redis_client = aioredis.Redis.from_url(redis_url)
     client = Client(transport, store, redis_client)

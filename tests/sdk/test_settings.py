@@ -65,6 +65,13 @@ def test_good_values_load(monkeypatch: pytest.MonkeyPatch) -> None:
     assert llm.scripted_tokens_per_s == 100.0
 
 
+def test_partitioned_mailboxes_are_asked_for_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load(BrokerSettings).partition_count == 0  # a mailbox per session unless asked
+    monkeypatch.setenv("BARGEIN_MAILBOXES", "partitioned")
+    monkeypatch.setenv("BARGEIN_PARTITIONS", "32")
+    assert load(BrokerSettings).partition_count == 32
+
+
 @pytest.mark.parametrize(
     ("var", "value", "cls"),
     [
@@ -83,10 +90,16 @@ def test_good_values_load(monkeypatch: pytest.MonkeyPatch) -> None:
         ("BARGEIN_LLM_MODEL", "", LLMSettings),
         ("BARGEIN_SCRIPTED_TOKENS_PER_S", "0", LLMSettings),
         ("BARGEIN_SCRIPTED_FIRST_TOKEN_MS", "-5", LLMSettings),
+        ("BARGEIN_MAILBOXES", "per-call", BrokerSettings),
+        ("BARGEIN_PARTITIONS", "0", BrokerSettings),
+        ("BARGEIN_PARTITIONS", "5000", BrokerSettings),
     ],
 )
 def test_bad_value_raises_settings_error_naming_variable_and_value(
-    monkeypatch: pytest.MonkeyPatch, var: str, value: str, cls: type[CoreSettings] | type[LLMSettings]
+    monkeypatch: pytest.MonkeyPatch,
+    var: str,
+    value: str,
+    cls: type[CoreSettings] | type[LLMSettings] | type[BrokerSettings],
 ) -> None:
     monkeypatch.setenv(var, value)
     with pytest.raises(SettingsError) as info:

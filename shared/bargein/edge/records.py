@@ -13,7 +13,9 @@ row and whose tier's mailbox is still there. A side that ended on purpose delete
 its entry (its owner found it idle, say); one that Redis lost kept it. And two looks a few seconds
 apart never mistake a session that has just ended (its entry goes a moment before its ``EndCall``
 reaches the edge) for a loss. A worker then adopts the session as an orphan: the call goes on, but
-without the conversation that the lost owner and the lost Redis held between them.
+without the conversation that the lost owner and the lost Redis held between them. (A partitioned
+tier has no mailbox per session to tell the two apart: there the two looks alone decide, and a side
+that ended on purpose has told the edge so with its ``EndCall`` long before the second.)
 """
 
 from __future__ import annotations

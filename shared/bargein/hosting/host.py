@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bargein import metrics
-from bargein.agent.events import AgentError, EndCall
-from bargein.errors import AgentFailedToStart, BargeinError, SessionRejected
+from bargein.agent.events import AgentError, EndCall, Event
+from bargein.errors import AgentFailedToStart, BargeinError, NotOwner, SessionRejected
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
@@ -130,6 +130,9 @@ class SessionHost:
         self.sessions: dict[str, _Owned] = {}
         self.heartbeat: Heartbeat | None = None  # this process's liveness (Worker.start keeps it)
         self._renewer: asyncio.Task[None] | None = None  # renews every lease at once
+        # a partitioned tier's worker says which sessions' messages it may take (their partition is
+        # its own, and it is not draining); None: any (a mailbox per session)
+        self.accepts: Callable[[str], bool] | None = None
         self._renewal_failing = False
 
     def keep_alive(self, ttl_ms: int) -> None:
@@ -172,7 +175,8 @@ class SessionHost:
         self._ensure_renewer()
         try:
             await runtime.start()
-            owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
+            if not self.transport.partitions(self.tier):  # a partition's consumer hands it over
+                owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
         except BaseException as exc:
             self.sessions.pop(sid, None)
             if isinstance(exc, SessionRejected):  # told while the lease vouches for its epoch
@@ -186,6 +190,32 @@ class SessionHost:
                 self._spawn(self._forget_later(sid))
             raise
         return runtime
+
+    async def deliver(self, envelope: Envelope, event: Event) -> None:
+        """A partitioned tier's handler: hand a message from a partition to its session's
+        processor, taking the session first if this process does not own it yet (the partition
+        came from another worker, or the session is new). :class:`~bargein.errors.NotOwner` puts
+        the message back for later: the session's previous owner still holds it, or the partition
+        is no longer this worker's (``accepts``). A message for a session that is over is dropped."""
+        owned = self.sessions.get(envelope.session)
+        runtime = owned.runtime if owned is not None else await self._take_for(envelope.session)
+        if runtime is not None:
+            await runtime.handle(envelope, event)
+
+    async def _take_for(self, session_id: str) -> SessionProcessor | None:
+        if self.accepts is not None and not self.accepts(session_id):
+            raise NotOwner(f"session {session_id}: its partition is not this worker's")
+        raw = await self.store.session_info(self.tier, session_id)
+        if raw is None:
+            metrics.count(self.tier, "partition_messages_of_ended_sessions")
+            log.debug("session %s is over; dropping a message left in its partition", session_id)
+            return None
+        try:
+            return await self.open(SessionInfo.decode(raw))
+        except SessionTaken:
+            raise NotOwner(f"session {session_id}: its previous owner still holds it") from None
+        except SessionRejected:
+            return None
 
     async def _forget_later(self, session_id: str) -> None:
         await asyncio.sleep(REJECTED_STATE_S)

@@ -5,6 +5,11 @@ consumers: this is the load balancer). Sessions whose owner died are found in th
 directory (registered, but nobody holds the lease) and adopted by any worker with room. On SIGTERM
 a worker drains: it stops taking sessions, checkpoints and releases every lease, so other workers
 adopt them at their next look, resuming any turn that was running.
+
+A partitioned tier (``BARGEIN_MAILBOXES=partitioned``) balances by partitions instead
+(:mod:`bargein.hosting.partitions`): a session belongs to the worker that holds its partition, its
+start comes down the partition, and a worker adopts only the orphans of its own partitions (it
+cannot refuse them for want of room: ``BARGEIN_MAX_SESSIONS`` does not apply).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from bargein import metrics
 from bargein.errors import EnvelopeError, SessionRejected
 from bargein.hosting.host import SessionHost, SessionTaken
 from bargein.hosting.load import LoopLag
+from bargein.hosting.partitions import PartitionKeeper
 from bargein.hosting.sessions import end_session
 from bargein.transport.abc import Subscription
 from bargein.wire.session_info import SessionInfo
@@ -53,27 +59,50 @@ class Worker:
         self.refused_starts = 0  # offered while full or overloaded: left for another worker
         self._starts: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        partitions = host.transport.partitions(host.tier)
+        self.partitions = (
+            PartitionKeeper(
+                host, partitions, self._on_start, ttl_ms=2 * liveness_ttl_ms, hand_over_s=drain_timeout_s
+            )
+            if partitions
+            else None
+        )
+        if self.partitions is not None:
+            host.accepts = self._mine
 
     @property
     def room(self) -> int:
-        return 0 if self.draining else self.max_sessions - len(self.host.sessions)
+        if self.draining:
+            return 0
+        if self.partitions is not None:  # no limit: a partition's sessions are its owner's
+            return self.max_sessions  # (at most this many adopted at one look)
+        return self.max_sessions - len(self.host.sessions)
 
     @property
     def consuming(self) -> bool:
         """It takes session starts (between start and drain)."""
-        return self._starts is not None and not self.draining
+        started = self._starts is not None or (self.partitions is not None and self.partitions.running)
+        return started and not self.draining
 
     @property
     def takes_new_sessions(self) -> bool:
         """New sessions go to a worker with room that keeps up. An overloaded one still adopts a
-        dead worker's sessions: those calls exist already and have nowhere else to wait."""
-        return self.room > 0 and not self.load.overloaded
+        dead worker's sessions: those calls exist already and have nowhere else to wait. (A
+        partition's sessions have nowhere else to go at all.)"""
+        return self.room > 0 and (self.partitions is not None or not self.load.overloaded)
+
+    def _mine(self, session_id: str) -> bool:
+        """Whether this worker may take ``session_id``: with partitions, only its partitions'."""
+        return self.partitions is None or (not self.draining and self.partitions.holds(session_id))
 
     async def start(self) -> None:
         tier = self.host.tier
         self.host.keep_alive(self.liveness_ttl_ms)
         self.load.start()
-        self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
+        if self.partitions is not None:
+            await self.partitions.start()
+        else:
+            self._starts = await self.host.transport.consume_session_starts(tier, self._on_start)
         self._tasks = [
             asyncio.create_task(self._adopt_loop(), name=f"adopt:{tier}"),
             asyncio.create_task(self._watch_loop(), name=f"watch:{tier}"),
@@ -85,6 +114,8 @@ class Worker:
         info = SessionInfo.decode(raw)
         if info.session_id in self.host.sessions:
             return True
+        if not self._mine(info.session_id):
+            return False  # its partition is being handed over: for the next owner
         if not self.takes_new_sessions:
             self.refused_starts += 1
             return False
@@ -110,7 +141,9 @@ class Worker:
             return 0
         taken = 0
         for session_id, raw in await self.host.store.orphaned_sessions(self.host.tier, limit=room):
-            if session_id in self.host.sessions or await self._call_over(session_id):
+            if not self._mine(session_id) or session_id in self.host.sessions:
+                continue
+            if await self._call_over(session_id):
                 continue
             try:
                 runtime = await self.host.open(SessionInfo.decode(raw))
@@ -153,6 +186,8 @@ class Worker:
             for session_id in await store.owned_sessions(tier, dead):
                 if self.room <= 0:
                     return taken
+                if not self._mine(session_id):
+                    continue  # another partition's: its owner takes it
                 raw = await store.session_info(tier, session_id)
                 if raw is None or await self._call_over(session_id, replacing=dead):  # it is over
                     await store.note_owned(tier, dead, session_id, False)
@@ -218,6 +253,8 @@ class Worker:
         if self._starts is not None:
             await self._starts.cancel()
             self._starts = None
+        if self.partitions is not None:
+            await self.partitions.stop_keeping()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -229,6 +266,8 @@ class Worker:
         """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
         self.draining = True
         await self._stop_taking()
+        if self.partitions is not None:
+            await self.partitions.abandon()
         self.host.stop_heartbeat()
         await self.host.abandon_all()
 
@@ -253,6 +292,8 @@ class Worker:
         await self._let_turns_finish()
         count = len(self.host.sessions)
         await self.host.close_all()
+        if self.partitions is not None:  # consumed until now: interrupts reached the last turns
+            await self.partitions.release_all()
         self.host.stop_heartbeat()
         await self.host.store.forget_worker(self.host.tier, self.host.owner)
         log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -48,7 +47,14 @@ from bargein.transport import amqp_address
 from bargein.transport.abc import EdgeQueue, Subscription
 from bargein.transport.amqp import AmqpTransport
 from bargein.wire.envelope import Envelope
-from bargein.wire.names import IN, PRIORITY_CONTROL, PRIORITY_DATA, TIER_REASONING, TIER_SPEECH
+from bargein.wire.names import (
+    IN,
+    PRIORITY_CONTROL,
+    PRIORITY_DATA,
+    TIER_REASONING,
+    TIER_SPEECH,
+    partition_of,
+)
 
 PARTITIONS = 16  # per tier: a worker owns whole partitions, so a tier has at most this many workers
 START_CONCURRENCY = 20  # starts at once, as bench sessions' callers
@@ -57,11 +63,6 @@ FAILOVER_GIVE_UP_S = 60.0
 PROBE_EVERY_S = 0.05  # the failover probe's publish period
 PARTITION_ARGUMENTS: dict[str, Any] = {"x-queue-type": "quorum", "x-single-active-consumer": True}
 MAX_IN_FLIGHT = 100  # the load's publishes awaiting their confirm: beyond, it goes at the broker's pace
-
-
-def partition_of(session: str, partitions: int = PARTITIONS) -> int:
-    """Sessions hashed to partitions: stable across processes (Python's hash() is not)."""
-    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=4).digest(), "big") % partitions
 
 
 @dataclass

@@ -125,6 +125,7 @@ class _ScaleBench:
         active: int,
         active_s: float,
         cluster: bool,
+        mailboxes: str,
         with_designs: bool,
         concurrency: int,
         design_sessions: int,
@@ -135,6 +136,7 @@ class _ScaleBench:
         self.active = active
         self.active_s = active_s
         self.cluster = cluster
+        self.mailboxes = mailboxes
         self.with_designs = with_designs
         self.concurrency = concurrency
         self.design_sessions = design_sessions
@@ -151,7 +153,8 @@ class _ScaleBench:
     async def run(self) -> dict[str, Any]:
         where = "a private 3-node cluster (mirrored)" if self.cluster else "one node (the configured broker)"
         self.say(
-            f"bench scale on {where}: idle levels {', '.join(map(str, self.levels))}, {self.active} active"
+            f"bench scale on {where}: idle levels {', '.join(map(str, self.levels))}, {self.active} active,"
+            f" {self.mailboxes} mailboxes"
         )
         if not self.cluster:
             self.nodes = await broker_nodes(self.rabbitmq_url)
@@ -177,7 +180,11 @@ class _ScaleBench:
             await asyncio.to_thread(cluster.stop)
 
     async def _run_here(self, cluster: PrivateRabbitCluster | None = None) -> dict[str, Any]:
-        results: dict[str, Any] = {"cluster": self.cluster, "levels": await self.as_built()}
+        results: dict[str, Any] = {
+            "cluster": self.cluster,
+            "mailboxes": self.mailboxes,
+            "levels": await self.as_built(),
+        }
         if self.with_designs:
             results["designs"] = await self.designs(cluster)
         self.verdicts(results)
@@ -204,6 +211,7 @@ class _ScaleBench:
             out=self.out,
         )
         bench.rabbit_nodes = self.nodes
+        bench.env["BARGEIN_MAILBOXES"] = self.mailboxes
         levels: list[dict[str, Any]] = []
         async with bench.stack() as before:
             pids: dict[str, int | list[int]] = {
@@ -449,6 +457,7 @@ async def run_scale_bench(
     active: int = ACTIVE,
     active_s: float = ACTIVE_S,
     cluster: bool = False,
+    mailboxes: str = "session",
     with_designs: bool = True,
     concurrency: int = 20,
     design_sessions: int = DESIGN_SESSIONS,
@@ -462,6 +471,7 @@ async def run_scale_bench(
         active=active,
         active_s=active_s,
         cluster=cluster,
+        mailboxes=mailboxes,
         with_designs=with_designs,
         concurrency=concurrency,
         design_sessions=design_sessions,

@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="on a private 3-node RabbitMQ cluster (mirrored) instead of one node",
     )
+    scale.add_argument(
+        "--mailboxes",
+        choices=("session", "partitioned"),
+        default="session",
+        help="the reasoning tier's mailboxes in the stack (BARGEIN_MAILBOXES; default session)",
+    )
     scale.add_argument("--no-designs", action="store_true", help="skip the mailbox designs side by side")
     scale.add_argument(
         "--design-sessions",
@@ -382,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 active=args.active,
                 active_s=args.active_s,
                 cluster=args.cluster,
+                mailboxes=args.mailboxes,
                 with_designs=not args.no_designs,
                 concurrency=args.concurrency,
                 design_sessions=args.design_sessions,

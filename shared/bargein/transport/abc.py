@@ -18,10 +18,14 @@ from typing import Final
 
 from bargein.agent.events import Event
 from bargein.wire.envelope import Envelope
-from bargein.wire.names import Direction, Tier
+from bargein.wire.names import PARTITIONED_TIERS, Direction, Tier
 
 Handler = Callable[[Envelope, Event], Awaitable[None]]
 StartHandler = Callable[[bytes], Awaitable[bool]]
+
+# A partition's message its handler could not take yet (NotOwner: the session's previous owner
+# still holds it) is tried again after this long, while the partition waits behind it.
+PUT_BACK_AFTER_S: Final = 0.1
 
 
 class Subscription(ABC):
@@ -37,6 +41,21 @@ class Subscription(ABC):
         """Whether it still consumes: False once cancelled, once the broker cancelled it (its queue
         crashed or vanished), once the connection was lost, or once its handler said
         :class:`~bargein.errors.NotOwner`. Its owner then subscribes again, or lets the session go."""
+
+
+class Subscriptions(Subscription):
+    """Several consumers as one (a partition's control and data queues)."""
+
+    def __init__(self, members: list[Subscription]) -> None:
+        self._members = members
+
+    @property
+    def alive(self) -> bool:
+        return all(member.alive for member in self._members)
+
+    async def cancel(self) -> None:
+        for member in self._members:
+            await member.cancel()
 
 
 class EdgeQueue(Subscription):
@@ -97,10 +116,37 @@ class Transport(ABC):
         """Whether ``tier``'s mailbox for ``session`` is there: a session whose side ended on purpose
         has had it deleted; one whose records Redis lost still has it."""
 
+    # --- partitioned mailboxes (BARGEIN_MAILBOXES=partitioned) --------------------------------------
+
+    partition_count: int = 0  # set by implementations that run partitioned tiers
+
+    def partitions(self, tier: Tier) -> int:
+        """How many partitions ``tier``'s mailboxes are: 0 when each session has its own. Then
+        :meth:`declare_mailbox` and :meth:`delete_mailbox` do nothing for the tier, and
+        :meth:`mailbox_exists` says yes: a partition outlives its sessions."""
+        return self.partition_count if tier in PARTITIONED_TIERS else 0
+
+    @abstractmethod
+    async def open_partition(
+        self, tier: Tier, partition: int, handler: Handler, on_start: StartHandler
+    ) -> Subscription:
+        """Consume one partition of ``tier``: what its sessions are sent ``in``, control overtaking
+        data, each kind in order, and the starts of its sessions (:meth:`publish_session_start`),
+        which go to ``on_start``. ``handler`` and ``on_start`` are awaited for one message of each
+        kind at a time. A message the handler says :class:`~bargein.errors.NotOwner` to (or a
+        start ``on_start`` returns False for, or fails on) is tried again after
+        :data:`PUT_BACK_AFTER_S`, the partition's other messages of its kind waiting behind it, for
+        as long as the consumer lasts; cancelled, it puts the message back for the next one (on
+        RabbitMQ 3.10 behind the rest of the queue: a quorum queue returns it to its tail there). The
+        rest is as :meth:`open_mailbox`. A partition's queues take one consumer at a time: a second one
+        waits until the first is gone."""
+
     # --- session starts: a shared work queue per tier (competing consumers) ----------------------
 
     @abstractmethod
-    async def publish_session_start(self, tier: Tier, info: bytes) -> None: ...
+    async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        """Offer a new session to ``tier``'s workers; for a partitioned tier, to the owner of its
+        partition (down the partition, ahead of anything sent to the session after it)."""
 
     @abstractmethod
     async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
@@ -283,6 +329,15 @@ class StateStore(ABC):
     @abstractmethod
     async def dead_workers(self, tier: Tier) -> list[str]:
         """Workers of ``tier`` that started a heartbeat and whose heartbeat has lapsed."""
+
+    @abstractmethod
+    async def live_workers(self, tier: Tier) -> list[str]:
+        """Workers of ``tier`` whose heartbeat holds: those that share its partitions."""
+
+    @abstractmethod
+    async def claim_partition_count(self, tier: Tier, count: int) -> int:
+        """Record that ``tier`` runs with ``count`` partitions, unless a count is recorded already;
+        the count recorded. Every process must hash sessions to the same partitions."""
 
     @abstractmethod
     async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:

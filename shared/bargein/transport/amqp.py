@@ -60,7 +60,15 @@ from bargein.errors import (
 )
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
-from bargein.transport.abc import EdgeQueue, Handler, StartHandler, Subscription, Transport
+from bargein.transport.abc import (
+    PUT_BACK_AFTER_S,
+    EdgeQueue,
+    Handler,
+    StartHandler,
+    Subscription,
+    Subscriptions,
+    Transport,
+)
 from bargein.transport.amqp_address import FailoverConnection, connect_robust
 from bargein.wire.envelope import (
     DEFAULT_MAX_BYTES,
@@ -81,8 +89,11 @@ from bargein.wire.names import (
     DEAD_REASON_HEADER,
     EVENTS_EXCHANGE,
     IN,
+    PARTITION_HEADER,
+    PARTITIONED_TIERS,
     PRIORITY_CONTROL,
     PRIORITY_DATA,
+    START_HEADER,
     TIER_EDGE,
     TIER_SPEECH,
     Direction,
@@ -93,10 +104,16 @@ from bargein.wire.names import (
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
+    partition_of,
+    partition_queue,
+    partition_tag,
+    partitions_binding,
+    partitions_exchange,
     routing_key,
     session_work_queue,
     tier_exchange,
 )
+from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.transport.amqp")
 
@@ -139,7 +156,7 @@ class _Delivery:
     channel directly: aio-pika's consumer would wrap each message (reading all its properties) and
     hand it on in a task of its own, one more pass of a busy event loop on an interrupt's way."""
 
-    __slots__ = ("body", "content_type", "reply_to", "routing_key", "tag")
+    __slots__ = ("body", "content_type", "headers", "reply_to", "routing_key", "tag")
 
     def __init__(self, delivered: aiormq.abc.DeliveredMessage) -> None:
         properties = delivered.header.properties
@@ -147,6 +164,7 @@ class _Delivery:
         assert isinstance(deliver, aiormq.spec.Basic.Deliver) and deliver.delivery_tag is not None
         self.body: bytes = delivered.body
         self.content_type = properties.content_type
+        self.headers = properties.headers
         self.reply_to = properties.reply_to
         self.routing_key = deliver.routing_key
         self.tag: int = deliver.delivery_tag
@@ -365,8 +383,10 @@ class AmqpTransport(Transport):
         broker_wait_s: float = 15.0,
         queue_max_messages: int = 10_000,
         edge_prefetch: int = 200,
+        partitions: int = 0,
     ) -> None:
         self.url = url
+        self.partition_count = partitions  # 0: a mailbox per session (Transport.partitions)
         self.queue_max_messages = queue_max_messages
         self.edge_prefetch = edge_prefetch
         self.heartbeat_s = heartbeat_s
@@ -423,6 +443,7 @@ class AmqpTransport(Transport):
             heartbeat_s=broker.rabbitmq_heartbeat_s,
             broker_wait_s=broker.broker_wait_s,
             queue_max_messages=broker.queue_max_messages,
+            partitions=broker.partition_count,
             **kwargs,
         )
 
@@ -461,6 +482,8 @@ class AmqpTransport(Transport):
             DEAD_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
         )
         await self._declare_dead_queue()
+        for tier in PARTITIONED_TIERS if self.partition_count else ():
+            await self._declare_partitions(tier)
         self._usable.set()
         log.info("connected to RabbitMQ at %s as %r; topology declared", connection.address, self.name)
 
@@ -553,6 +576,7 @@ class AmqpTransport(Transport):
         control = envelope.control
         persistent = direction == IN
         reply_to = (self._session_routes.get(session) or self._edge_route) if persistent else None
+        headers = self._partition_headers(session) if persistent and self.partition_count else None
         route = None if persistent or control else self._routes.get(session)
         if route is not None and self.connected and time.monotonic() >= self._recovering_until:
             try:  # the usual way of output: no timer of its own (each bundle has one)
@@ -579,6 +603,7 @@ class AmqpTransport(Transport):
                                 persistent=persistent,
                                 mandatory=control or recovering,
                                 reply_to=reply_to,
+                                headers=headers,
                             )
                         return
                     except BROKER_GONE:  # it went away between the check and the publish
@@ -621,6 +646,7 @@ class AmqpTransport(Transport):
         persistent: bool = False,
         mandatory: bool | None = None,
         reply_to: str | None = None,
+        headers: dict[str, Any] | None = None,
     ) -> None:
         """Publish bytes as they are (the codec's output, or a malformed message in tests).
         ``mandatory`` (default: control only) raises :class:`UnroutableError` if no queue took it."""
@@ -634,6 +660,7 @@ class AmqpTransport(Transport):
             if persistent
             else aio_pika.DeliveryMode.NOT_PERSISTENT,
             reply_to=reply_to,
+            headers=headers,
             message_id=new_message_id(),  # (else aiormq makes a UUID for each one)
         )
         await self._publish(message, key, control=control, mandatory=mandatory)
@@ -730,6 +757,139 @@ class AmqpTransport(Transport):
             with contextlib.suppress(Exception):
                 await channel.close()
         return name
+
+    # --- partitioned mailboxes --------------------------------------------------------------------
+
+    def _partition_headers(self, session: str) -> dict[str, Any]:
+        return {PARTITION_HEADER: partition_tag(partition_of(session, self.partition_count))}
+
+    def _partition_arguments(self) -> dict[str, Any]:
+        """Replicated (a quorum queue survives the loss of a minority of nodes), bounded as a
+        mailbox is, dead-lettered; one consumer at a time (a worker that lost a partition and
+        still consumes it keeps its successor waiting, not doubled)."""
+        return {
+            "x-queue-type": "quorum",
+            "x-single-active-consumer": True,
+            "x-dead-letter-exchange": DEAD_EXCHANGE,
+            "x-max-length": self.queue_max_messages,
+            "x-overflow": "reject-publish",
+        }
+
+    async def _declare_partitions(self, tier: Tier) -> None:
+        """``bargein.events`` → one headers exchange per kind → each partition's queue of that kind.
+        Declared by every process at start-up (idempotent), so that a session started before any
+        worker consumed its partition waits there; on a channel of its own (a refused declaration
+        closes its channel). A partition declared with other bounds is used as it is."""
+        connection = self._need(self._connection)
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            events = await channel.declare_exchange(
+                EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True, robust=False
+            )
+            for kind in (CONTROL, DATA):
+                exchange = await channel.declare_exchange(
+                    partitions_exchange(tier, kind), aio_pika.ExchangeType.HEADERS, durable=True, robust=False
+                )
+                await exchange.bind(events, partitions_binding(kind), robust=False)
+                for partition in range(self.partition_count):
+                    name = partition_queue(tier, partition, kind)
+                    try:
+                        queue = await channel.declare_queue(
+                            name, durable=True, arguments=self._partition_arguments(), robust=False
+                        )
+                    except aio_pika.exceptions.ChannelPreconditionFailed:
+                        self.counters["partitions_with_old_arguments"] += 1
+                        log.warning("%s exists with other arguments; using it as it is", name)
+                        channel = await connection.channel(publisher_confirms=False)
+                        queue = await channel.declare_queue(name, passive=True, robust=False)
+                    await queue.bind(
+                        partitions_exchange(tier, kind),
+                        arguments={"x-match": "all", PARTITION_HEADER: partition_tag(partition)},
+                        robust=False,
+                    )
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+        log.info("%d partitions of the %s tier's mailboxes declared", self.partition_count, tier)
+
+    async def open_partition(
+        self, tier: Tier, partition: int, handler: Handler, on_start: StartHandler
+    ) -> Subscription:
+        channel = await self._need(self._consume).get_underlay_channel()
+        consumers: list[Subscription] = []
+        for kind in (CONTROL, DATA):
+            name = partition_queue(tier, partition, kind)
+            consumer = _Consumer(channel.basic_cancel, "", channel)
+            on_message = self._partition_consumer(channel, name, handler, on_start, consumer)
+            consuming = await channel.basic_consume(name, on_message)
+            consumer._tag = consuming.consumer_tag
+            consumers.append(consumer)
+        return Subscriptions(consumers)
+
+    def _partition_consumer(
+        self,
+        channel: aiormq.abc.AbstractChannel,
+        queue: str,
+        handler: Handler,
+        on_start: StartHandler,
+        consumer: _Consumer,
+    ) -> Callable[[aiormq.abc.DeliveredMessage], Awaitable[None]]:
+        """Handle, then acknowledge (prefetch 1, as a mailbox). What cannot be taken yet is kept and
+        tried again, not put back: a quorum queue on RabbitMQ 3.10 puts a returned message behind
+        the others, and a session's messages must stay in order. Only once the consumer is
+        cancelled (the partition moves) does it go back, for the next owner."""
+
+        async def on_message(delivered: aiormq.abc.DeliveredMessage) -> None:
+            message = _Delivery(delivered)
+            while not await self._take(message, queue, handler, on_start):
+                if not consumer.alive:
+                    self.counters["partition_put_back"] += 1
+                    with contextlib.suppress(*BROKER_GONE):  # its channel closed: put back by the broker
+                        await channel.basic_nack(message.tag, requeue=True)
+                    return
+                self.counters["partition_tried_again"] += 1
+                await asyncio.sleep(PUT_BACK_AFTER_S)
+            with contextlib.suppress(*BROKER_GONE):
+                await channel.basic_ack(message.tag)
+
+        return on_message
+
+    async def _take(self, message: _Delivery, queue: str, handler: Handler, on_start: StartHandler) -> bool:
+        """Hand one partition message over: False when it must wait (NotOwner, or a start the
+        worker did not take)."""
+        try:
+            if message.headers and START_HEADER in message.headers:
+                return await self._start(message, queue, on_start)
+            await self._handle(message, queue, None, self._noting_route(handler, message.reply_to))
+        except NotOwner:
+            return False
+        return True
+
+    def _noting_route(self, handler: Handler, reply_to: str | None) -> Handler:
+        """``handler``, after noting which edge queue the session's caller hears on (what a
+        mailbox's consumer knows by its session, a partition's learns from each envelope)."""
+
+        async def handle(envelope: Envelope, event: Any) -> None:
+            self._heard_on(envelope.session, reply_to)
+            await handler(envelope, event)
+
+        return handle
+
+    async def _start(self, message: _Delivery, queue: str, on_start: StartHandler) -> bool:
+        """A session start in a partition: False to have it again later (the handler had no room,
+        or failed: Redis away, say); one that cannot be read is dead-lettered."""
+        try:
+            SessionInfo.decode(message.body)
+            return await on_start(message.body)
+        except EnvelopeError as exc:
+            await self._dead_letter(message, exc.reason, str(exc), queue)
+            return True
+        except Exception as exc:
+            self.counters["partition_start_failed"] += 1
+            log.warning(
+                "a session start in %s failed (%s: %s); trying it again", queue, type(exc).__name__, exc
+            )
+            return False
 
     async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
         """Exclusive queues (they live and die with this process's connection), bounded: when one
@@ -840,7 +1000,8 @@ class AmqpTransport(Transport):
         return True
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
-        await self._declare_mailbox(session, tier, direction)
+        if not self.partitions(tier):
+            await self._declare_mailbox(session, tier, direction)
 
     async def open_mailbox(
         self, session: str, tier: Tier, direction: Direction, handler: Handler
@@ -893,6 +1054,8 @@ class AmqpTransport(Transport):
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
         self._routes.pop(session, None)
+        if self.partitions(tier):
+            return  # what is left of the session in its partition is dropped by its owner
         if tier == TIER_EDGE:
             self._session_routes.pop(session, None)
         channel = self._need(self._topology)
@@ -904,6 +1067,8 @@ class AmqpTransport(Transport):
     async def mailbox_exists(self, session: str, tier: Tier) -> bool:
         """A passive declare, on a channel of its own: RabbitMQ closes the channel that asks about
         a queue it does not have (or whose node is gone)."""
+        if self.partitions(tier):
+            return True
         channel = await self._need(self._connection).channel(publisher_confirms=False)
         try:
             await channel.declare_queue(mailbox_queue(tier, session), passive=True, robust=False)
@@ -962,6 +1127,20 @@ class AmqpTransport(Transport):
         return await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "classic"})
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        if self.partitions(tier):  # down the session's partition, ahead of what it is sent
+            headers = {**self._partition_headers(SessionInfo.decode(info).session_id), START_HEADER: "1"}
+            message = aio_pika.Message(
+                info,
+                content_type=CONTENT_TYPE,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers=headers,
+            )
+            exchange = await self._need(self._data).get_exchange(partitions_exchange(tier, DATA))
+            try:
+                await exchange.publish(message, "", mandatory=True)
+            except PublishError as exc:
+                raise UnroutableError(f"the start of a {tier} session reached no partition") from exc
+            return
         queue = await self._work_queue(self._need(self._data), tier)
         message = aio_pika.Message(
             info, content_type=CONTENT_TYPE, delivery_mode=aio_pika.DeliveryMode.PERSISTENT

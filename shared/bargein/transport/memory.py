@@ -36,6 +36,7 @@ from bargein.errors import (
 from bargein.metrics import Counted
 from bargein.transport.abc import (
     NO_LOG_CHANGE,
+    PUT_BACK_AFTER_S,
     EdgeQueue,
     Handler,
     Heartbeat,
@@ -44,6 +45,7 @@ from bargein.transport.abc import (
     StartHandler,
     StateStore,
     Subscription,
+    Subscriptions,
     Transport,
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
@@ -51,6 +53,8 @@ from bargein.wire.names import (
     CONTROL,
     DATA,
     EVENTS_EXCHANGE,
+    IN,
+    TIER_REASONING,
     TIER_SPEECH,
     Direction,
     Kind,
@@ -61,9 +65,12 @@ from bargein.wire.names import (
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
+    partition_of,
+    partition_queue,
     routing_key,
     tier_exchange,
 )
+from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.transport.memory")
 
@@ -115,6 +122,7 @@ class _Item(NamedTuple):
     serial: int  # publish order across the broker
     body: bytes
     control: bool
+    start: bool = False  # a session start down its partition (body: SessionInfo)
 
 
 @dataclass
@@ -213,6 +221,15 @@ class MemoryBroker:
             if control:
                 raise UnroutableError(f"control message {key} reached no queue")
         return delivered
+
+    def put(self, box: _Mailbox, body: bytes, *, control: bool = False, start: bool = False) -> None:
+        """Put a message in ``box`` itself (a partition's queue, which RabbitMQ reaches by a
+        header, not a topic); :class:`QueueFull` if it refuses more."""
+        if box.refuse_when_full is not None and len(box.items) >= box.refuse_when_full:
+            self.counters["refused"] += 1
+            raise QueueFull(f"{box.name} is full")
+        serial = self._last_serial = next(self._serial)
+        box.put(_Item(serial, body, control, start))
 
     def _bound(self, exchange: str, key: str) -> list[_Mailbox]:
         """The mailboxes a message with ``key`` on ``exchange`` goes to (looked up once per key
@@ -343,8 +360,10 @@ class MemoryTransport(Transport):
         audio_mailbox_frames: int = 500,
         queue_max_messages: int | None = None,
         broker_wait_s: float = 15.0,
+        partitions: int = 0,
     ) -> None:
         self.broker = broker or MemoryBroker()
+        self.partition_count = partitions
         self.audio_mailbox_frames = audio_mailbox_frames
         self.queue_max_messages = queue_max_messages  # None: unbounded, as tests mostly want
         self.broker_wait_s = broker_wait_s
@@ -352,9 +371,14 @@ class MemoryTransport(Transport):
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
         body, exchange, control = encode(envelope), lane_exchange(envelope.lane), envelope.control
+        partitioned = direction == IN and envelope.lane != "audio" and self.partition_count > 0
         deadline = None
         while True:
             try:
+                if partitioned:  # its partition takes it first: a control message is routed then
+                    kind = CONTROL if control else DATA
+                    self.broker.put(self._partition_box(envelope.session, kind), body, control=control)
+                    partitioned = control = False  # (not again if a topic queue is full)
                 self.broker.route(exchange, key, body, control=control)
                 return
             except QueueFull:  # the consumer is behind: wait for it (backpressure)
@@ -392,30 +416,100 @@ class MemoryTransport(Transport):
         return subscription
 
     async def _consume(self, box: _Mailbox, handler: Handler) -> None:
-        broker, loop = self.broker, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         while True:
             if not box.items:
                 await box.arrival(loop)
             item = box.items[0]
             try:
-                envelope, event = decode(item.body, max_bytes=broker.max_message_bytes)
-                if box.session is not None and envelope.session != box.session:
-                    raise InvalidSessionId(f"message for session {envelope.session!r} in {box.name}")
-            except EnvelopeError as exc:
-                broker.dead_letter(exc.reason, str(exc), item.body, box.name)
-            else:
-                try:
-                    await handler(envelope, event)
-                except asyncio.CancelledError:
-                    raise  # not acked: stays at the head for the next consumer
-                except NotOwner:
-                    box.consumer = None  # the message stays at the head; this consumer is done
-                    box.promote()
-                    return
-                except Exception as exc:
-                    log.exception("handler failed on %s", envelope.type)
-                    broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", item.body, box.name)
+                await self._hand(box, item, handler)
+            except NotOwner:
+                box.consumer = None  # the message stays at the head; this consumer is done
+                box.promote()
+                return
             box.items.remove(item)  # not popleft: control may have been put ahead of it meanwhile
+
+    async def _hand(self, box: _Mailbox, item: _Item, handler: Handler) -> None:
+        """Decode ``item`` and hand it to ``handler``; what fails to decode, is for another session
+        or makes the handler fail is dead-lettered. Raises :class:`NotOwner` (and cancellation):
+        the item stays at the head."""
+        broker = self.broker
+        try:
+            envelope, event = decode(item.body, max_bytes=broker.max_message_bytes)
+            if box.session is not None and envelope.session != box.session:
+                raise InvalidSessionId(f"message for session {envelope.session!r} in {box.name}")
+        except EnvelopeError as exc:
+            broker.dead_letter(exc.reason, str(exc), item.body, box.name)
+            return
+        try:
+            await handler(envelope, event)
+        except (asyncio.CancelledError, NotOwner):
+            raise
+        except Exception as exc:
+            log.exception("handler failed on %s", envelope.type)
+            broker.dead_letter("handler_error", f"{type(exc).__name__}: {exc}", item.body, box.name)
+
+    # --- partitioned mailboxes ----------------------------------------------------------------------
+
+    def _partition_box(self, session: str, kind: Kind, tier: Tier = TIER_REASONING) -> _Mailbox:
+        return self._partition(tier, partition_of(session, self.partition_count), kind)
+
+    def _partition(self, tier: Tier, partition: int, kind: Kind) -> _Mailbox:
+        """A partition's queue of ``kind`` (made on first use: RabbitMQ's are declared at start-up)."""
+        name = partition_queue(tier, partition, kind)
+        box = self.broker.mailboxes.get(name)
+        if box is None:
+            box = self.broker.mailboxes[name] = _Mailbox(
+                name, [], priority=False, refuse_when_full=self.queue_max_messages
+            )
+        return box
+
+    async def open_partition(
+        self, tier: Tier, partition: int, handler: Handler, on_start: StartHandler
+    ) -> Subscription:
+        subscriptions: list[Subscription] = []
+        for kind in (CONTROL, DATA):
+            box = self._partition(tier, partition, kind)
+            subscription = _MemorySubscription(
+                box, functools.partial(self._consume_partition, box, handler, on_start)
+            )
+            if box.consumer is None:
+                subscription.activate()
+            else:  # one consumer at a time, as a quorum queue with a single active consumer
+                box.standby.append(subscription)
+            subscriptions.append(subscription)
+        return Subscriptions(subscriptions)
+
+    async def _consume_partition(self, box: _Mailbox, handler: Handler, on_start: StartHandler) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not box.items:
+                await box.arrival(loop)
+            item = box.items[0]
+            try:
+                taken = await self._start(box, item, on_start) if item.start else True
+                if not item.start:
+                    await self._hand(box, item, handler)
+            except NotOwner:
+                taken = False
+            if not taken:  # tried again a little later, the rest waiting behind it
+                self.broker.counters["partition_tried_again"] += 1
+                await asyncio.sleep(PUT_BACK_AFTER_S)
+                continue
+            box.items.remove(item)
+
+    async def _start(self, box: _Mailbox, item: _Item, on_start: StartHandler) -> bool:
+        try:
+            SessionInfo.decode(item.body)
+            return await on_start(item.body)
+        except EnvelopeError as exc:
+            self.broker.dead_letter(exc.reason, str(exc), item.body, box.name)
+            return True
+        except Exception as exc:
+            log.warning(
+                "a session start in %s failed (%s: %s); trying it again", box.name, type(exc).__name__, exc
+            )
+            return False
 
     async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
         boxes: dict[Kind, _Mailbox] = {}
@@ -428,7 +522,7 @@ class MemoryTransport(Transport):
 
     async def declare_mailbox(self, session: str, tier: Tier, direction: Direction) -> None:
         name = mailbox_queue(tier, session)
-        if name not in self.broker.mailboxes:
+        if name not in self.broker.mailboxes and not self.partitions(tier):
             audio = tier == TIER_SPEECH
             self.broker.mailboxes[name] = _Mailbox(
                 name,
@@ -443,6 +537,10 @@ class MemoryTransport(Transport):
             )
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
+        if self.partitions(tier):
+            box = self._partition_box(SessionInfo.decode(info).session_id, DATA, tier)
+            self.broker.put(box, info, start=True)
+            return
         self.broker.starts[tier].append(info)
         self.broker.start_wakeup[tier].set()
 
@@ -462,12 +560,14 @@ class MemoryTransport(Transport):
                 await asyncio.sleep(0.05)
 
     async def delete_mailbox(self, session: str, tier: Tier) -> None:
+        if self.partitions(tier):
+            return
         box = self.broker.mailboxes.pop(mailbox_queue(tier, session), None)
         if box is not None:
             await box.stop()
 
     async def mailbox_exists(self, session: str, tier: Tier) -> bool:
-        return mailbox_queue(tier, session) in self.broker.mailboxes
+        return bool(self.partitions(tier)) or mailbox_queue(tier, session) in self.broker.mailboxes
 
     async def close(self) -> None:
         for box in list(self.broker.mailboxes.values()):
@@ -502,6 +602,7 @@ class MemoryStateStore(StateStore):
         self._workers: dict[str, set[str]] = {}
         self._alive: set[tuple[str, str]] = set()  # in one process a heartbeat lasts until stopped
         self._owned: dict[tuple[str, str], set[str]] = {}
+        self._partition_counts: dict[str, int] = {}
         self._callers: dict[str, float] = {}  # session -> deadline (wall clock)
         self._calls: dict[tuple[str, str], tuple[str, float]] = {}  # (carrier, call) -> session, expiry
 
@@ -604,6 +705,12 @@ class MemoryStateStore(StateStore):
 
     async def dead_workers(self, tier: Tier) -> list[str]:
         return sorted(o for o in self._workers.get(tier, set()) if (tier, o) not in self._alive)
+
+    async def live_workers(self, tier: Tier) -> list[str]:
+        return sorted(o for o in self._workers.get(tier, set()) if (tier, o) in self._alive)
+
+    async def claim_partition_count(self, tier: Tier, count: int) -> int:
+        return self._partition_counts.setdefault(tier, count)
 
     async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:
         sessions = self._owned.setdefault((tier, owner), set())

@@ -58,6 +58,7 @@ from bargein.wire.names import (
     epoch_key,
     lease_key,
     owned_key,
+    partition_count_key,
     session_directory_key,
     state_key,
     state_log_key,
@@ -401,6 +402,13 @@ class RedisStateStore(StateStore):
         return _ThreadHeartbeat(self._url, tier, owner, ttl_ms, self._timeout_s)
 
     async def dead_workers(self, tier: Tier) -> list[str]:
+        return sorted(owner for owner, up in await self._workers_alive(tier) if not up)
+
+    async def live_workers(self, tier: Tier) -> list[str]:
+        return sorted(owner for owner, up in await self._workers_alive(tier) if up)
+
+    async def _workers_alive(self, tier: Tier) -> list[tuple[str, bool]]:
+        """Every worker of ``tier`` that started a heartbeat, and whether it still beats."""
         owners = [_as_bytes(o).decode() for o in await self._redis.hkeys(workers_key(tier))]
         if not owners:
             return []
@@ -408,7 +416,12 @@ class RedisStateStore(StateStore):
             for owner in owners:
                 pipe.exists(worker_alive_key(tier, owner))
             alive = await pipe.execute()
-        return sorted(owner for owner, up in zip(owners, alive, strict=True) if not up)
+        return [(owner, bool(up)) for owner, up in zip(owners, alive, strict=True)]
+
+    async def claim_partition_count(self, tier: Tier, count: int) -> int:
+        key = partition_count_key(tier)
+        await self._redis.set(key, count, nx=True)
+        return int(await self._redis.get(key) or count)
 
     async def note_owned(self, tier: Tier, owner: str, session: str, owned: bool) -> None:
         if owned:

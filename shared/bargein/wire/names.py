@@ -12,6 +12,7 @@ one Redis Cluster slot and the Lua check-and-set scripts can touch them together
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Literal
 
 from bargein.agent.events import event_type, is_control
@@ -119,6 +120,49 @@ def mailbox_extra_bindings(tier: Tier, session: str) -> list[tuple[str, str]]:
     return []
 
 
+# --- partitioned mailboxes (BARGEIN_MAILBOXES=partitioned): a fixed set of queues per tier ----------
+# Instead of a mailbox per session, a tier has ``BARGEIN_PARTITIONS`` partitions, each two quorum
+# queues (control and data: quorum queues have no priorities on RabbitMQ 3.10), and a session's
+# messages go to the partition its id hashes to. What a session publishes ``in`` carries its
+# partition in a header; ``bargein.events`` passes ``in`` messages to one headers exchange per kind,
+# which routes them by that header. A worker owns whole partitions (hosting/partitions.py).
+PARTITIONED_TIERS: tuple[Tier, ...] = (TIER_REASONING,)
+# (no "x-" prefix: RabbitMQ's headers exchange leaves such headers out of its match)
+PARTITION_HEADER = "bargein-partition"
+START_HEADER = "bargein-start"  # a session start, sent down its partition (body: SessionInfo)
+
+
+def partition_of(session: str, partitions: int) -> int:
+    """The partition ``session`` is hashed to: the same in every process (Python's hash() is not)."""
+    return int.from_bytes(hashlib.blake2b(session.encode(), digest_size=4).digest(), "big") % partitions
+
+
+def partition_tag(partition: int) -> str:
+    """The partition header's value (a string: RabbitMQ's headers exchange compares a number's
+    type as well as its value, and a client library may encode the same int several ways)."""
+    return f"p{partition}"
+
+
+def partitions_exchange(tier: Tier, kind: Kind) -> str:
+    """Headers exchange: ``tier``'s messages of ``kind``, by partition."""
+    return f"bargein.partitions.{tier}.{kind}"
+
+
+def partitions_binding(kind: Kind) -> str:
+    """What ``bargein.events`` passes to a partitioned tier's exchange of ``kind``: every ``in``."""
+    return f"*.{IN}.{kind}.#"
+
+
+def partition_queue(tier: Tier, partition: int, kind: Kind) -> str:
+    return f"bargein.partition.{tier}.{partition}.{kind}"
+
+
+def partition_lease(partition: int) -> str:
+    """The name a partition's lease is held under in the state store, beside the sessions' (a
+    partition is owned as a session is: a lease with an epoch)."""
+    return f"partition-{partition}"
+
+
 def session_work_queue(tier: Tier) -> str:
     """Session starts waiting for a worker of ``tier`` with room (competing consumers)."""
     return f"bargein.sessions.{tier}"
@@ -163,6 +207,12 @@ def workers_key(tier: Tier) -> str:
     """Hash owner -> start time of the workers of ``tier`` (so others notice one whose heartbeat
     stopped)."""
     return f"{KEY_PREFIX}:workers:{tier}"
+
+
+def partition_count_key(tier: Tier) -> str:
+    """How many partitions ``tier`` runs with: the first worker sets it, and one started with
+    another count refuses to start (every process must hash sessions alike)."""
+    return f"{KEY_PREFIX}:partitions:{tier}"
 
 
 def owned_key(tier: Tier, owner: str) -> str:

@@ -1,0 +1,198 @@
+"""A worker's share of a partitioned tier (``BARGEIN_MAILBOXES=partitioned``).
+
+With partitioned mailboxes a session's messages wait in the partition its id hashes to
+(:func:`bargein.wire.names.partition_of`), not in a queue of its own, so whoever consumes a
+partition owns its sessions. A partition is held as a session is: a lease with an epoch in the state
+store (:func:`~bargein.wire.names.partition_lease`), renewed every quarter of its life. Each worker
+holds its share (the partitions over the live workers, rounded down or up): it takes free ones while
+it has fewer, and hands the extra ones back when workers join. A dead worker's partition leases lapse
+and the others take them; the broker's single active consumer keeps a worker that lost a partition
+(paused past its lease, say) from consuming it beside its successor.
+
+Sessions keep leases of their own, so fencing and checkpoints are as with a mailbox per session: a
+partition's new owner takes each session's lease and checkpoint as it hears from the session
+(:meth:`~bargein.hosting.host.SessionHost.deliver`), or at once for those its old owner had (the
+worker's adoption, :mod:`bargein.hosting.worker`), resuming any turn it was running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+
+from bargein import metrics
+from bargein.errors import SettingsError
+from bargein.hosting.host import SessionHost
+from bargein.transport.abc import StartHandler, Subscription
+from bargein.wire.names import partition_lease, partition_of
+
+log = logging.getLogger("bargein.hosting.partitions")
+
+
+@dataclass
+class _Held:
+    epoch: int
+    subscription: Subscription
+
+
+class PartitionKeeper:
+    """Holds ``count`` partitions' worth of this worker's share of ``host``'s tier: leases,
+    consumers, hand-overs. ``on_start`` takes the session starts that come down its partitions."""
+
+    def __init__(
+        self,
+        host: SessionHost,
+        count: int,
+        on_start: StartHandler,
+        *,
+        ttl_ms: int = 2_000,
+        hand_over_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.count = count
+        self.on_start = on_start
+        self.ttl_ms = ttl_ms
+        self.hand_over_s = hand_over_s
+        self.held: dict[int, _Held] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def holds(self, session: str) -> bool:
+        """Whether ``session``'s partition is this worker's."""
+        return partition_of(session, self.count) in self.held
+
+    def sessions_of(self, partition: int) -> list[str]:
+        return [sid for sid in self.host.sessions if partition_of(sid, self.count) == partition]
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Check that the tier runs with the same number of partitions, take a first share, and
+        keep the share up to date from now on."""
+        tier = self.host.tier
+        recorded = await self.host.store.claim_partition_count(tier, self.count)
+        if recorded != self.count:
+            raise SettingsError(
+                f"BARGEIN_PARTITIONS={self.count}, but the {tier} tier runs with {recorded} "
+                f"(every process must hash sessions alike: docs/operations.md, 'Partitioned mailboxes')"
+            )
+        await self.balance()
+        self._task = asyncio.create_task(self._keep(), name=f"partitions:{tier}")
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_ms / 4000)
+            try:
+                await self.balance()
+            except Exception as exc:  # Redis away: say so once; the leases lapse if it lasts
+                if not self._failing:
+                    log.warning("keeping partitions failed (%s: %s); retrying", type(exc).__name__, exc)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("keeping partitions works again")
+                self._failing = False
+
+    async def balance(self) -> None:
+        """Renew what is held (letting go of what was lost), consume again what stopped, and move
+        toward this worker's share: hand back extras, take free partitions."""
+        host, tier = self.host, self.host.tier
+        if self.held:
+            leases = {partition_lease(p): held.epoch for p, held in self.held.items()}
+            renewed = await host.store.renew_leases(tier, host.owner, leases, self.ttl_ms)
+            for partition in list(self.held):
+                if not renewed.get(partition_lease(partition)):
+                    log.warning("partition %d of %s: its lease was lost; letting it go", partition, tier)
+                    await self._let_go(partition, lost=True)
+        for partition, held in self.held.items():
+            if not held.subscription.alive:  # the connection came back, or the broker cancelled it
+                held.subscription = await host.transport.open_partition(
+                    tier, partition, host.deliver, self.on_start
+                )
+                log.info("partition %d of %s: consuming it again", partition, tier)
+        workers = max(1, len(await host.store.live_workers(tier)))
+        fewest, most = self.count // workers, -(-self.count // workers)
+        for partition in sorted(self.held, reverse=True)[: max(0, len(self.held) - most)]:
+            await self._let_go(partition, lost=False)
+        if len(self.held) < most:
+            # short of the fewest: try every free one; else one at a time (the share rounded up is
+            # more than the partitions left when they do not divide evenly)
+            wanted = fewest - len(self.held) if len(self.held) < fewest else 1
+            candidates = [p for p in range(self.count) if p not in self.held]
+            random.shuffle(candidates)
+            for partition in candidates if len(self.held) < fewest else candidates[:1]:
+                if wanted <= 0:
+                    break
+                if await self._take(partition):
+                    wanted -= 1
+
+    async def _take(self, partition: int) -> bool:
+        host, tier = self.host, self.host.tier
+        epoch = await host.store.acquire_lease(tier, partition_lease(partition), host.owner, self.ttl_ms)
+        if epoch is None:
+            return False
+        try:
+            subscription = await host.transport.open_partition(tier, partition, host.deliver, self.on_start)
+        except BaseException:
+            await host.store.release_lease(tier, partition_lease(partition), host.owner, epoch)
+            raise
+        self.held[partition] = _Held(epoch, subscription)
+        metrics.count(tier, "partitions_taken")
+        log.info("%s %s: took partition %d (epoch %d)", tier, host.owner, partition, epoch)
+        return True
+
+    async def _let_go(self, partition: int, *, lost: bool) -> None:
+        """Hand a partition over: its turns may finish here first (``hand_over_s``, consuming on, so
+        interrupts still reach them), then its sessions are checkpointed and released, and the
+        partition with them. A lost one goes at once."""
+        held = self.held[partition]
+        host = self.host
+        if not lost:
+            for sid in self.sessions_of(partition):
+                host.sessions[sid].runtime.hold()
+            deadline = asyncio.get_running_loop().time() + self.hand_over_s
+            while asyncio.get_running_loop().time() < deadline and any(  # noqa: ASYNC110
+                host.sessions[sid].runtime.active_turns for sid in self.sessions_of(partition)
+            ):
+                await asyncio.sleep(0.05)
+        del self.held[partition]
+        await held.subscription.cancel()
+        for sid in self.sessions_of(partition):
+            await host.close(sid)
+        if not lost:
+            await host.store.release_lease(host.tier, partition_lease(partition), host.owner, held.epoch)
+            metrics.count(host.tier, "partitions_handed_over")
+            log.info("%s %s: handed partition %d over", host.tier, host.owner, partition)
+
+    async def stop_keeping(self) -> None:
+        """Take no more partitions and give none back: what is held stays consumed (a drain's turns
+        finish meanwhile, and interrupts still reach them)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def release_all(self) -> None:
+        """Stop consuming and give back every partition (its sessions are closed already: the end
+        of a drain), so other workers take them at once rather than when the leases lapse."""
+        await self.stop_keeping()
+        for partition, held in list(self.held.items()):
+            del self.held[partition]
+            await held.subscription.cancel()
+            with contextlib.suppress(Exception):  # Redis away: the lease lapses on its own
+                await self.host.store.release_lease(
+                    self.host.tier, partition_lease(partition), self.host.owner, held.epoch
+                )
+
+    async def abandon(self) -> None:
+        """Stop as a killed process would: consumers gone, nothing released (tests)."""
+        await self.stop_keeping()
+        for held in self.held.values():
+            await held.subscription.cancel()
+        self.held.clear()

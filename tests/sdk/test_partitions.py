@@ -1,0 +1,158 @@
+"""Workers of a partitioned tier (``BARGEIN_MAILBOXES=partitioned``): sharing the partitions, taking
+a dead worker's, handing some over to a worker that joins, draining.
+
+The in-memory transport and store stand in for RabbitMQ and Redis; tests/integration runs the same
+workers over the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bargein import SessionInfo, UserStoppedSpeaking
+from bargein.errors import SettingsError
+from bargein.hosting.host import SessionHost
+from bargein.hosting.sessions import create_session
+from bargein.hosting.worker import Worker
+from bargein.testing.caller import Caller
+from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
+from bargein.wire.envelope import new_session_id
+from bargein.wire.names import TIER_REASONING, partition_of
+
+from .helpers import reply_text, take_chunks, wait_for
+from .test_worker import REPLY, agent
+
+PARTITIONS = 8
+LIVENESS_MS = 200  # a partition's lease lives twice that
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.broker = MemoryBroker()
+        self.store = MemoryStateStore()
+        self.workers: list[Worker] = []
+        self.client = MemoryTransport(self.broker, partitions=PARTITIONS)
+
+    async def worker(self, partitions: int = PARTITIONS) -> Worker:
+        transport = MemoryTransport(self.broker, partitions=partitions)
+        host = SessionHost.for_agent(transport, self.store, agent, owner=f"w{len(self.workers) + 1}")
+        worker = Worker(
+            host, adopt_interval_s=0.05, status_interval_s=60, liveness_ttl_ms=LIVENESS_MS, drain_timeout_s=2
+        )
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    async def session(self) -> Caller:
+        caller = Caller(self.client, new_session_id(), settle=self.broker.settle)
+        await caller.attach()
+        await create_session(
+            self.client, self.store, SessionInfo(caller.session_id, edge_reports_delivery=True)
+        )
+        return caller
+
+    def owner_of(self, caller: Caller) -> Worker | None:
+        owners = [w for w in self.workers if caller.session_id in w.host.sessions]
+        assert len(owners) <= 1, "a session owned twice"
+        return owners[0] if owners else None
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    p = Pool()
+    yield p
+    for w in p.workers:
+        if not w.draining:
+            await w.drain()
+
+
+def held(worker: Worker) -> set[int]:
+    assert worker.partitions is not None
+    return set(worker.partitions.held)
+
+
+async def answered(*callers: Caller) -> None:
+    """Each caller asks, and is answered whole (all at once)."""
+
+    async def ask(caller: Caller) -> None:
+        await caller.emit(UserStoppedSpeaking())
+        assert reply_text(await caller.collect_turn()) == REPLY
+
+    await asyncio.gather(*(ask(caller) for caller in callers))
+
+
+async def test_workers_share_the_partitions_and_a_session_goes_to_its_partitions_owner(pool: Pool) -> None:
+    first, second = await pool.worker(), await pool.worker()
+    await wait_for(lambda: len(held(first)) == len(held(second)) == PARTITIONS // 2)
+    assert held(first) | held(second) == set(range(PARTITIONS))
+    callers = [await pool.session() for _ in range(8)]
+    await answered(*callers)
+    for caller in callers:
+        owner = pool.owner_of(caller)
+        assert owner is not None and partition_of(caller.session_id, PARTITIONS) in held(owner)
+    # each opened once, from its start or found as an orphan first (a race either may win)
+    assert sum(w.started + w.adopted for w in (first, second)) == len(callers)
+    # no mailbox of its own: the partition is the session's mailbox
+    assert not [name for name in pool.broker.mailboxes if name.startswith("bargein.mailbox.reasoning")]
+
+
+async def test_a_dead_workers_partitions_and_sessions_are_taken_and_the_turn_resumed(pool: Pool) -> None:
+    first, second = await pool.worker(), await pool.worker()
+    await wait_for(lambda: len(held(first)) == len(held(second)) == PARTITIONS // 2)
+    callers = [await pool.session() for _ in range(6)]
+    await answered(*callers)
+    victim = next(c for c in callers if pool.owner_of(c) is first)
+    await victim.emit(UserStoppedSpeaking())
+    heard = "".join(await take_chunks(victim, 4))
+    await first.abandon()  # the process dies: its leases lapse, nothing is handed over
+    await wait_for(lambda: held(second) == set(range(PARTITIONS)), timeout=10)
+    rest = await victim.collect_turn()
+    assert heard + reply_text(rest) == REPLY  # resumed where the caller's ears were
+    assert pool.owner_of(victim) is second
+    await answered(*callers)
+
+
+async def test_a_worker_that_joins_is_handed_its_share_and_no_session_is_lost(pool: Pool) -> None:
+    first = await pool.worker()
+    await wait_for(lambda: held(first) == set(range(PARTITIONS)))
+    callers = [await pool.session() for _ in range(8)]
+    await answered(*callers)
+    second = await pool.worker()
+    await wait_for(lambda: len(held(first)) == len(held(second)) == PARTITIONS // 2, timeout=10)
+    await answered(*callers)
+    for caller in callers:
+        owner = pool.owner_of(caller)
+        assert owner is not None and partition_of(caller.session_id, PARTITIONS) in held(owner)
+
+
+async def test_a_drained_worker_gives_its_partitions_back_at_once(pool: Pool) -> None:
+    first, second = await pool.worker(), await pool.worker()
+    await wait_for(lambda: len(held(first)) == len(held(second)) == PARTITIONS // 2)
+    callers = [await pool.session() for _ in range(6)]
+    await answered(*callers)
+    await first.drain()
+    assert held(first) == set()
+    # released, not lapsed: the other takes them at its next look (it would wait out the lease
+    # otherwise), with their sessions' checkpoints
+    await wait_for(lambda: held(second) == set(range(PARTITIONS)), timeout=2)
+    await answered(*callers)
+
+
+async def test_a_worker_with_another_partition_count_refuses_to_start(pool: Pool) -> None:
+    await pool.worker()
+    with pytest.raises(SettingsError, match="BARGEIN_PARTITIONS=4"):
+        await pool.worker(partitions=4)
+
+
+async def test_a_session_that_ended_leaves_nothing_that_reopens_it(pool: Pool) -> None:
+    worker = await pool.worker()
+    caller = await pool.session()
+    await answered(caller)
+    await worker.host.finish(caller.session_id)
+    assert await pool.store.session_info(TIER_REASONING, caller.session_id) is None
+    await caller.emit(UserStoppedSpeaking())  # what the partition still gets of it is dropped
+    await pool.broker.settle()
+    assert pool.owner_of(caller) is None
