@@ -12,15 +12,24 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bargein import SessionInfo, UserStoppedSpeaking
+from bargein import (
+    Bridge,
+    ReasoningNode,
+    SessionInfo,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscriptionReceived,
+)
 from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
 from bargein.hosting.sessions import create_session
 from bargein.hosting.worker import Worker
+from bargein.runtime.agents import Agent
+from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import new_session_id
-from bargein.wire.names import TIER_REASONING, partition_of
+from bargein.wire.names import TIER_REASONING, Tier, partition_of
 
 from .helpers import reply_text, take_chunks, wait_for
 from .test_worker import REPLY, agent
@@ -36,11 +45,17 @@ class Pool:
         self.workers: list[Worker] = []
         self.client = MemoryTransport(self.broker, partitions=PARTITIONS)
 
-    async def worker(self, partitions: int = PARTITIONS) -> Worker:
+    async def worker(
+        self, partitions: int = PARTITIONS, agent: Agent = agent, adopt_interval_s: float = 0.05
+    ) -> Worker:
         transport = MemoryTransport(self.broker, partitions=partitions)
         host = SessionHost.for_agent(transport, self.store, agent, owner=f"w{len(self.workers) + 1}")
         worker = Worker(
-            host, adopt_interval_s=0.05, status_interval_s=60, liveness_ttl_ms=LIVENESS_MS, drain_timeout_s=2
+            host,
+            adopt_interval_s=adopt_interval_s,
+            status_interval_s=60,
+            liveness_ttl_ms=LIVENESS_MS,
+            drain_timeout_s=2,
         )
         await worker.start()
         self.workers.append(worker)
@@ -156,3 +171,42 @@ async def test_a_session_that_ended_leaves_nothing_that_reopens_it(pool: Pool) -
     await caller.emit(UserStoppedSpeaking())  # what the partition still gets of it is dropped
     await pool.broker.settle()
     assert pool.owner_of(caller) is None
+
+
+def listening(session: SessionInfo) -> Bridge:
+    """The workers' agent, which also keeps what the caller says in its history."""
+    bridge = agent(session)
+    node = bridge.node
+    assert isinstance(node, ReasoningNode)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    return bridge
+
+
+class SlowStore(MemoryStateStore):
+    """Takes its time restoring a checkpoint, as Redis under load may."""
+
+    async def load_state(self, tier: Tier, session: str) -> bytes | None:
+        await asyncio.sleep(0.2)
+        return await super().load_state(tier, session)
+
+
+async def test_what_arrives_while_a_session_is_being_taken_waits_for_it(pool: Pool) -> None:
+    """A partition's control and data queues are consumed side by side, so a session that comes to
+    this worker (its partition moved here) may be taken by its control message while its data
+    arrives: that data must wait for the session's checkpoint to be restored, or the restore
+    overwrites what it changed (the caller's words, lost from the history)."""
+    pool.store = SlowStore()
+    worker = await pool.worker(agent=listening, adopt_interval_s=3600)
+    await wait_for(lambda: held(worker) == set(range(PARTITIONS)))
+    caller = await pool.session()
+    await answered(caller)  # the session has a history, in its checkpoint
+    await worker.host.close(caller.session_id)  # as a worker that handed its partition over
+    await caller.emit(UserStartedSpeaking())  # control: takes the session (a slow restore)...
+    await caller.emit(UserTranscriptionReceived(content="my words"))  # ...while its data arrives
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    node = runtime.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]

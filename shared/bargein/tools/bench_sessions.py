@@ -199,9 +199,14 @@ class _SessionsBench:
         ws = await websockets.connect(f"{created['ws_url']}?token={created['token']}", max_size=None)
         self.sockets.append(ws)
         await ws.send(json.dumps({"type": "text", "text": "hello"}))
-        async with asyncio.timeout(T):
-            while json.loads(await ws.recv())["type"] != "agent_chunk":
-                pass
+        try:
+            async with asyncio.timeout(T):
+                while json.loads(await ws.recv())["type"] != "agent_chunk":
+                    pass
+        except TimeoutError:
+            raise BenchError(
+                f"session {created['session_id']}: no answer to its first turn in {T:.0f} s"
+            ) from None
         # the rest is read and dropped: a caller that stops reading fills its socket's queue, misses
         # the keepalive pings and is dropped after a while (and its hang-up with it)
         self.readers[ws] = asyncio.create_task(self._drain(ws))
