@@ -225,6 +225,28 @@ async def test_a_turn_whose_interrupt_overtook_it_in_the_mailbox_never_starts() 
         assert node.context.format_messages()[0] == {"role": "user", "content": "are you there?"}
 
 
+async def test_an_utterances_start_dispatched_after_its_end_does_not_cut_its_answer() -> None:
+    """Found by ``bench scale --mailboxes partitioned`` (a caller in a few hundred never answered):
+    a partition's control and data are two queues, consumed side by side, so the start of what the
+    caller typed (UserStartedSpeaking, control) could reach the routes after its end (data), and
+    cut the answer to it before its first word. An interrupt cuts only what was sent before it."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        t = time.time()
+        dispatched = [  # the data consumer quicker than the control one; each stamped as sent
+            (UserTranscriptionReceived(content="hello"), t + 0.1),
+            (UserStoppedSpeaking(), t + 0.2),
+            (UserStartedSpeaking(), t),
+        ]
+        for event, sent in dispatched:
+            await s.transport.publish(Envelope.wrap(s.session_id, event, ts=sent, source="edge"), IN)
+            await s.settle()
+        events = await s.collect_turn()
+        assert reply_text(events) == WORDS
+        assert log == ["start", "completed"]
+        assert not s.interrupted_turns
+
+
 async def test_an_interrupt_before_a_turn_was_said_leaves_the_turn_alone() -> None:
     """The usual order: the caller starts speaking while the agent is idle (nothing to cut), then
     stops; the turn that stop starts was emitted after the interrupt and runs."""

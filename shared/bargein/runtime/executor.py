@@ -256,6 +256,16 @@ class TurnRun:
             self.task.cancel()
 
 
+def _before(trigger: Message, index: int, interrupt: Message, at: int) -> bool:
+    """Whether ``trigger`` (dispatched at ``index``) came before ``interrupt`` (dispatched at
+    ``at``), so the interrupt may cut what it started: dispatched before it, and not sent after it.
+    The second half matters where control and data travel apart (a partition's two queues,
+    ``BARGEIN_MAILBOXES=partitioned``): the start of what the caller says (control) can then be
+    dispatched after its end (data), and must not cut the turn that answers it. Send times are the
+    producers' clocks (``Message.timestamp``): one process for a caller's start and end."""
+    return index < at and trigger.timestamp <= interrupt.timestamp
+
+
 def _clause_for(clauses: list[Clause], message: Message) -> Clause | None:
     """The first clause ``message``'s event belongs to."""
     return next((c for c in clauses if isinstance(message.event, c.types)), None)
@@ -369,7 +379,7 @@ class RouteExecutor:
     async def _interrupt(self, condition: Callback | None, clause: int, message: Message, index: int) -> bool:
         """Cut off the running turn (and drop the triggers waiting behind it) if it was started by
         an earlier event and ``condition`` holds. Returns whether a running turn was cut off."""
-        if not self._something_to_cut(index):
+        if not self._something_to_cut(message, index):
             if condition is None:  # (a condition is asked only when there is something to cut)
                 self._uncut_interrupt_at = max(self._uncut_interrupt_at, message.timestamp)
             return False
@@ -378,11 +388,11 @@ class RouteExecutor:
             if not ok:
                 self.host.count("interrupts_declined")
                 return False
-            if not self._something_to_cut(index):  # it ended while the condition was evaluated
+            if not self._something_to_cut(message, index):  # it ended while the condition was evaluated
                 return False
-        self._drop_triggers_before(index)
+        self._drop_triggers_before(message, index)
         run = self.active
-        if run is None or run.cancelled or run.index >= index:
+        if run is None or run.cancelled or not _before(run.trigger, run.index, message, index):
             return False  # only a trigger waiting at the barrier was there: dropped, no handler
         await run.interrupt(message, clause)
         return True
@@ -398,22 +408,31 @@ class RouteExecutor:
         of each other, while the reordering spans the backlog."""
         return trigger.timestamp < self._uncut_interrupt_at
 
-    def _something_to_cut(self, index: int) -> bool:
+    def _something_to_cut(self, interrupt: Message, index: int) -> bool:
         run = self.active
-        return (run is not None and not run.cancelled and run.index < index) or self._waiting(index)
+        return (
+            run is not None and not run.cancelled and _before(run.trigger, run.index, interrupt, index)
+        ) or self._waiting(interrupt, index)
 
-    def _waiting(self, index: int) -> bool:
-        """Whether the worker holds a trigger from before ``index`` that waits at the barrier."""
+    def _waiting(self, interrupt: Message, index: int) -> bool:
+        """Whether the worker holds a trigger from before ``interrupt`` that waits at the barrier."""
         work = self.current
-        return self.active is None and work is not None and work.kind == "trigger" and work.index < index
+        return (
+            self.active is None
+            and work is not None
+            and work.kind == "trigger"
+            and _before(work.message, work.index, interrupt, index)
+        )
 
-    def _drop_triggers_before(self, index: int) -> None:
+    def _drop_triggers_before(self, interrupt: Message, index: int) -> None:
         """Triggers that arrived before an interrupt are stale: the caller spoke again."""
-        stale = [w for w in self.queue if w.kind == "trigger" and w.index < index]
+        stale = [
+            w for w in self.queue if w.kind == "trigger" and _before(w.message, w.index, interrupt, index)
+        ]
         if stale:
             self.queue = collections.deque(w for w in self.queue if w not in stale)
             self.host.count("triggers_dropped", len(stale))
-        if self._waiting(index) and self.current is not None:
+        if self._waiting(interrupt, index) and self.current is not None:
             self.current.dropped = True  # wakes the worker, which lets it go
             self.host.count("triggers_dropped")
             self.host.progressed()
