@@ -225,10 +225,10 @@ class _Consumer(Subscription):
 
 def _forget_binding(queue: AbstractRobustQueue, exchange: str, key: str) -> None:
     """Take a binding off what aio-pika binds again after a reconnect. Its own ``unbind`` does
-    that by going through every binding the queue has (aio-pika 10.2), and an edge's queues have a
-    dozen a session, so each hang-up cost the edge's event loop time in proportion to its callers:
-    taking 1,500 sessions off an edge took 64 s against 10 s to put them on. The bindings are kept
-    by the key they were made with (``add_session``)."""
+    that by going through every binding the queue has (aio-pika 10.2), and an edge's queues had a
+    dozen a session then (two now), so each hang-up cost the edge's event loop time in proportion
+    to its callers: taking 1,500 sessions off an edge took 64 s against 10 s to put them on. The
+    bindings are kept by the key they were made with (``add_session``)."""
     bindings = getattr(queue, "_bindings", None)
     if isinstance(bindings, dict):
         bindings.pop((exchange, key), None)

@@ -1,9 +1,11 @@
 """Every exchange, queue, routing key and Redis key bargein uses, in one place.
 
-Routing keys are ``<session>.<direction>.<kind>.<EventName>``: ``in`` is toward the agent (the
-caller's speech, text, delivery reports), ``out`` is from the agent (its responses, turn control);
-``kind`` is ``control`` for the events that must overtake data (``Event.control``) and ``data`` for
-the rest, so a consumer can keep the two in queues of their own (the client edge does). A tier's
+Routing keys are ``<session>.<direction>.<kind>.<audience>.<EventName>``: ``in`` is toward the
+agent (the caller's speech, text, delivery reports), ``out`` is from the agent (its responses, turn
+control); ``kind`` is ``control`` for the events that must overtake data (``Event.control``) and
+``data`` for the rest, so a consumer can keep the two in queues of their own (the client edge does);
+``audience`` is ``edge`` for what the client edge hears (all of ``out``, and :data:`EDGE_HEARS_IN`)
+and ``agent`` for the rest, so an edge hears a session with one binding per queue. A tier's
 per-session mailbox binds ``<session>.<direction>.#`` and sees both, control first by priority.
 Redis keys are hash-tagged by session (``{<session>}``) so that every key of one session lands in
 one Redis Cluster slot and the Lua check-and-set scripts can touch them together.
@@ -27,6 +29,9 @@ OUT: Direction = "out"
 
 CONTROL: Kind = "control"
 DATA: Kind = "data"
+
+EDGE_AUDIENCE = "edge"  # the routing key's audience word: the client edge hears it
+AGENT_AUDIENCE = "agent"  # ... only the agent's tiers do
 
 TIER_REASONING: Tier = "reasoning"
 TIER_EDGE: Tier = "edge"
@@ -68,7 +73,8 @@ def _kind_of_known(event_name: str) -> Kind:
 
 
 def routing_key(session: str, direction: Direction, event_name: str) -> str:
-    return f"{session}.{direction}.{kind_of(event_name)}.{event_name}"
+    audience = EDGE_AUDIENCE if direction == OUT or event_name in _EDGE_HEARS_IN else AGENT_AUDIENCE
+    return f"{session}.{direction}.{kind_of(event_name)}.{audience}.{event_name}"
 
 
 def mailbox_binding(session: str, direction: Direction) -> str:
@@ -102,14 +108,15 @@ EDGE_HEARS_IN = (
 )
 
 
+_EDGE_HEARS_IN = frozenset(EDGE_HEARS_IN)
+
+
 def edge_bindings(session: str) -> list[tuple[Kind, str]]:
-    """(kind, key): what the client edge hears of a session: all of its output, and
-    :data:`EDGE_HEARS_IN`, each in the edge queue of its kind."""
-    return [
-        (DATA, f"{session}.{OUT}.{DATA}.#"),
-        (CONTROL, f"{session}.{OUT}.{CONTROL}.#"),
-        *((kind_of(name), routing_key(session, IN, name)) for name in EDGE_HEARS_IN),
-    ]
+    """(kind, key): what the client edge hears of a session, each in the edge queue of its kind:
+    what the routing key's audience says the edge hears (all of its output, and
+    :data:`EDGE_HEARS_IN`). Two bindings a session: each costs the broker memory and a round trip
+    as the caller comes and goes (there were ten, one for each event the edge hears of ``in``)."""
+    return [(kind, f"{session}.*.{kind}.{EDGE_AUDIENCE}.#") for kind in (DATA, CONTROL)]
 
 
 def mailbox_extra_bindings(tier: Tier, session: str) -> list[tuple[str, str]]:
