@@ -10,19 +10,15 @@ from collections.abc import Callable
 
 import aio_pika
 
+from bargein.tools.benchkit import delete_partitions
 from bargein.transport.abc import Transport
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.memory import MemoryBroker, MemoryTransport
 from bargein.wire.names import (
-    CONTROL,
-    DATA,
     DEAD_QUEUE,
     DEAD_REASON_HEADER,
     EVENTS_EXCHANGE,
-    PARTITIONED_TIERS,
     Direction,
-    partition_queue,
-    partitions_exchange,
     routing_key,
 )
 
@@ -133,18 +129,6 @@ class RabbitBus(Bus):
                     if queue_part in str(message.headers.get("x-bargein-queue", "")):
                         reasons.append(str(message.headers.get(DEAD_REASON_HEADER)))
         return reasons
-
-
-async def delete_partitions(url: str, partitions: int) -> None:
-    """Delete the partitioned tiers' queues and exchanges (they are durable and shared)."""
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for tier in PARTITIONED_TIERS:
-            for kind in (CONTROL, DATA):
-                for partition in range(partitions):
-                    await channel.queue_delete(partition_queue(tier, partition, kind))
-                await channel.exchange_delete(partitions_exchange(tier, kind))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = T) -> None:

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-import redis
 
 from bargein import UserStartedSpeaking
 from bargein.testing.caller import Caller
-from bargein.wire.names import TIER_REASONING, lease_key, mailbox_queue, partition_count_key, partition_lease
+from bargein.tools import benchkit
+from bargein.wire.names import TIER_REASONING, lease_key, mailbox_queue, partition_lease
 
-from ..contract.harness import delete_partitions
 from .cluster import Cluster, cluster_env, reset_shared_queues
 from .support import Client, T, ask, chunks, connected_client, text_of
 
@@ -31,11 +30,7 @@ PARTITIONS = 8
 
 def forget_partitions(rabbitmq_url: str, redis_url: str) -> None:
     """The shared broker's partitions and Redis's record of them: gone before and after."""
-    asyncio.run(delete_partitions(rabbitmq_url, PARTITIONS))
-    client = redis.Redis.from_url(redis_url)
-    client.delete(partition_count_key(TIER_REASONING))
-    client.delete(*(lease_key(TIER_REASONING, partition_lease(p)) for p in range(PARTITIONS)))
-    client.close()
+    asyncio.run(benchkit.forget_partitions(rabbitmq_url, redis_url, PARTITIONS))
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ from bargein.tools.bench_sessions import (
 from bargein.tools.benchkit import (
     BenchError,
     cpu_of,
+    forget_partitions,
     percentile,
     run_main,
     say,
@@ -234,6 +235,8 @@ class _ScaleBench:
                     {"idle": level, "starts_per_s": rate, "cpu_ms": cpu, "bytes": per_session, "turns": turns}
                 )
                 self.report_level(levels[-1], bench.connected())
+        if self.mailboxes == "partitioned":  # durable: they would outlive the bench
+            await forget_partitions(self.rabbitmq_url, self.redis_url, load(BrokerSettings).partitions)
         return levels
 
     async def broker_pids(self) -> list[int]:

@@ -18,13 +18,28 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 
 from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
+from bargein.settings import broker_addresses
 from bargein.transport.amqp import AmqpTransport
+from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
-from bargein.wire.names import TIER_REASONING, TIER_SPEECH, session_work_queue
+from bargein.wire.names import (
+    CONTROL,
+    DATA,
+    PARTITIONED_TIERS,
+    TIER_REASONING,
+    TIER_SPEECH,
+    lease_key,
+    partition_count_key,
+    partition_lease,
+    partition_queue,
+    partitions_exchange,
+    session_work_queue,
+)
 
 T = TypeVar("T")
 
@@ -321,6 +336,32 @@ async def check_work_queue(connection: AbstractRobustConnection, expected_consum
             "bench at a broker of its own (BARGEIN_RABBITMQ_URL)."
         )
     return waiting
+
+
+async def delete_partitions(rabbitmq_url: str, partitions: int) -> None:
+    """Remove the partitioned tiers' queues and exchanges (durable: they outlive the stack that
+    declared them), with whatever waits in them."""
+    connection = await aio_pika.connect(broker_addresses(rabbitmq_url)[0])
+    async with connection:
+        channel = await connection.channel()
+        for tier in PARTITIONED_TIERS:
+            for kind in (CONTROL, DATA):
+                for partition in range(partitions):
+                    await channel.queue_delete(partition_queue(tier, partition, kind))
+                await channel.exchange_delete(partitions_exchange(tier, kind))
+
+
+async def forget_partitions(rabbitmq_url: str, redis_url: str, partitions: int) -> None:
+    """:func:`delete_partitions`, and Redis's record of them (their count, their leases): how a
+    bench or a test stack leaves the shared broker and Redis."""
+    await delete_partitions(rabbitmq_url, partitions)
+    client = async_client(redis_url, pool_size=2, timeout_s=5.0)
+    try:
+        for tier in PARTITIONED_TIERS:
+            await client.delete(partition_count_key(tier))
+            await client.delete(*(lease_key(tier, partition_lease(p)) for p in range(partitions)))
+    finally:
+        await client.aclose()
 
 
 async def forget_sessions(rabbitmq_url: str, redis_url: str, session_ids: list[str], out: TextIO) -> int:
