@@ -33,19 +33,11 @@ T = 60.0
 
 
 @pytest.fixture
-def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[FaultStack]:
-    """A cluster of its own for each test: each does its fault to the node every process is on.
-    Parametrized ``partitioned``: the reasoning tier's mailboxes are partitions, quorum queues that
-    replicate themselves (the policy still mirrors what is classic: the session work queues)."""
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
+    """A cluster of its own for each test: each does its fault to the node every process is on."""
     base = Path(tmp_path_factory.mktemp("cluster"))
     with fault_stack(
-        base,
-        reasoning=2,
-        speech=0,
-        BARGEIN_AGENT=AGENT,
-        rabbit_nodes=3,
-        rabbit_policy=MIRRORING_POLICY,
-        BARGEIN_MAILBOXES=getattr(request, "param", "session"),
+        base, reasoning=2, speech=0, BARGEIN_AGENT=AGENT, rabbit_nodes=3, rabbit_policy=MIRRORING_POLICY
     ) as running:
         yield running
 
@@ -136,14 +128,9 @@ async def answered_as_the_protocol_says(ws: ClientConnection, text: str, reply: 
     assert text_of(log, turn=frame["turn"]) == reply
 
 
-@pytest.mark.parametrize("stack", ["session", "partitioned"], indirect=True)
 async def test_no_call_is_lost_when_the_node_every_process_is_on_dies(
     stack: FaultStack, redis: aioredis.Redis
 ) -> None:
-    """Two answers in flight and two callers typing when the node every process is connected to is
-    SIGKILLed: the answers arrive whole, once; what was typed meanwhile is answered; the
-    conversations go on on the surviving nodes; no ERROR. With per-session mailboxes, mirrored by
-    the operator's policy; with partitioned ones, quorum queues."""
     assert stack.rabbits is not None
     sessions = [await create_session(stack.url) for _ in range(4)]
     async with contextlib_all(sessions) as sockets:
