@@ -22,15 +22,14 @@ from bargein import (
 )
 from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
-from bargein.hosting.sessions import create_session
 from bargein.hosting.worker import Worker
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
-from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
-from bargein.wire.envelope import new_session_id
+from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.names import TIER_REASONING, Tier, partition_of
 
+from . import test_worker
 from .helpers import reply_text, take_chunks, wait_for
 from .test_worker import REPLY, agent
 
@@ -38,14 +37,14 @@ PARTITIONS = 8
 LIVENESS_MS = 200  # a partition's lease lives twice that
 
 
-class Pool:
+class Pool(test_worker.Pool):
+    """test_worker's pool, its transports partitioned."""
+
     def __init__(self) -> None:
-        self.broker = MemoryBroker()
-        self.store = MemoryStateStore()
-        self.workers: list[Worker] = []
+        super().__init__()
         self.client = MemoryTransport(self.broker, partitions=PARTITIONS)
 
-    async def worker(
+    async def worker(  # type: ignore[override]
         self, partitions: int = PARTITIONS, agent: Agent = agent, adopt_interval_s: float = 0.05
     ) -> Worker:
         transport = MemoryTransport(self.broker, partitions=partitions)
@@ -60,14 +59,6 @@ class Pool:
         await worker.start()
         self.workers.append(worker)
         return worker
-
-    async def session(self) -> Caller:
-        caller = Caller(self.client, new_session_id(), settle=self.broker.settle)
-        await caller.attach()
-        await create_session(
-            self.client, self.store, SessionInfo(caller.session_id, edge_reports_delivery=True)
-        )
-        return caller
 
     def owner_of(self, caller: Caller) -> Worker | None:
         owners = [w for w in self.workers if caller.session_id in w.host.sessions]

@@ -352,6 +352,17 @@ class _MemorySubscription(Subscription):
         box.promote()
 
 
+def _subscribe(box: _Mailbox, consume: Callable[[], Coroutine[Any, Any, None]]) -> _MemorySubscription:
+    """A consumer of ``box``: consuming at once, or waiting until the one consuming stops (one at a
+    time, as a quorum queue with a single active consumer, or a mailbox a thawed owner still holds)."""
+    subscription = _MemorySubscription(box, consume)
+    if box.consumer is None:
+        subscription.activate()
+    else:
+        box.standby.append(subscription)
+    return subscription
+
+
 class MemoryTransport(Transport):
     def __init__(
         self,
@@ -408,12 +419,7 @@ class MemoryTransport(Transport):
         name = mailbox_queue(tier, session)
         await self.declare_mailbox(session, tier, direction)
         box = self.broker.mailboxes[name]
-        subscription = _MemorySubscription(box, functools.partial(self._consume, box, handler))
-        if box.consumer is None:
-            subscription.activate()
-        else:
-            box.standby.append(subscription)
-        return subscription
+        return _subscribe(box, functools.partial(self._consume, box, handler))
 
     async def _consume(self, box: _Mailbox, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
@@ -470,14 +476,8 @@ class MemoryTransport(Transport):
         subscriptions: list[Subscription] = []
         for kind in (CONTROL, DATA):
             box = self._partition(tier, partition, kind)
-            subscription = _MemorySubscription(
-                box, functools.partial(self._consume_partition, box, handler, on_start)
-            )
-            if box.consumer is None:
-                subscription.activate()
-            else:  # one consumer at a time, as a quorum queue with a single active consumer
-                box.standby.append(subscription)
-            subscriptions.append(subscription)
+            consume = functools.partial(self._consume_partition, box, handler, on_start)
+            subscriptions.append(_subscribe(box, consume))
         return Subscriptions(subscriptions)
 
     async def _consume_partition(self, box: _Mailbox, handler: Handler, on_start: StartHandler) -> None:
@@ -487,9 +487,11 @@ class MemoryTransport(Transport):
                 await box.arrival(loop)
             item = box.items[0]
             try:
-                taken = await self._start(box, item, on_start) if item.start else True
-                if not item.start:
+                if item.start:
+                    taken = await self._start(box, item, on_start)
+                else:
                     await self._hand(box, item, handler)
+                    taken = True
             except NotOwner:
                 taken = False
             if not taken:  # tried again a little later, the rest waiting behind it
