@@ -97,6 +97,33 @@ class FaultStack:
     def logs(self) -> str:
         return self.cluster.logs()
 
+    def broker_state(self) -> str:
+        """What a failure needs beside the logs: who consumes what and what waits unconfirmed on
+        a live node, and the edge's transport counters."""
+        nodes = self.rabbits.running() if self.rabbits is not None else [self.rabbit]
+        out = []
+        for args in (
+            ("list_consumers", "queue_name", "channel_pid", "active", "activity_status"),
+            ("list_channels", "pid", "connection", "consumer_count", "messages_unconfirmed"),
+        ):
+            done = nodes[0]._ctl(*args, check=False, timeout=30) if nodes else None
+            out.append(f"== {' '.join(args)}\n{done.stdout.decode(errors='replace') if done else ''}")
+        with contextlib.suppress(httpx.HTTPError):
+            metrics = httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines()
+            out.append(
+                "== the edge's transport\n" + "\n".join(m for m in metrics if 'service="rabbitmq"' in m)
+            )
+        return "\n".join(out)
+
+    @contextlib.contextmanager
+    def shown_on_failure(self) -> Iterator[None]:
+        """Print :meth:`broker_state` and the logs should the block fail (pytest shows them)."""
+        try:
+            yield
+        except BaseException:
+            print(self.broker_state(), "\n", self.logs(), sep="")
+            raise
+
 
 @contextlib.contextmanager
 def fault_stack(

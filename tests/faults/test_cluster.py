@@ -33,11 +33,17 @@ T = 60.0
 
 
 @pytest.fixture
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[FaultStack]:
     """A cluster of its own for each test: each does its fault to the node every process is on."""
     base = Path(tmp_path_factory.mktemp("cluster"))
     with fault_stack(
-        base, reasoning=2, speech=0, BARGEIN_AGENT=AGENT, rabbit_nodes=3, rabbit_policy=MIRRORING_POLICY
+        base,
+        reasoning=2,
+        speech=0,
+        BARGEIN_AGENT=AGENT,
+        rabbit_nodes=3,
+        rabbit_policy=MIRRORING_POLICY,
+        BARGEIN_MAILBOXES=getattr(request, "param", "session"),
     ) as running:
         yield running
 
@@ -128,9 +134,22 @@ async def answered_as_the_protocol_says(ws: ClientConnection, text: str, reply: 
     assert text_of(log, turn=frame["turn"]) == reply
 
 
+@pytest.mark.parametrize("stack", ["session", "partitioned"], indirect=True)
 async def test_no_call_is_lost_when_the_node_every_process_is_on_dies(
     stack: FaultStack, redis: aioredis.Redis
 ) -> None:
+    """Two answers in flight and two callers typing when the node every process is connected to is
+    SIGKILLed: the answers arrive whole, once; what was typed meanwhile is answered; the
+    conversations go on on the surviving nodes; no ERROR. With per-session mailboxes, mirrored by
+    the operator's policy; with partitioned ones, quorum queues, whose elections after the loss
+    wedged one edge's publishing channel for one partition in about one run of two before a
+    wedged publisher moved to a fresh channel (docs/operations.md, "Partitioned mailboxes")."""
+    assert stack.rabbits is not None
+    with stack.shown_on_failure():
+        await a_node_dies(stack, redis)
+
+
+async def a_node_dies(stack: FaultStack, redis: aioredis.Redis) -> None:
     assert stack.rabbits is not None
     sessions = [await create_session(stack.url) for _ in range(4)]
     async with contextlib_all(sessions) as sockets:
@@ -155,4 +174,10 @@ async def test_no_call_is_lost_when_the_node_every_process_is_on_dies(
         if process.alive():
             assert "reconnected to RabbitMQ at amqp://" in process.log(), process.log()[-3000:]
     assert not new_lines(errors, log_lines(stack, "ERROR")), stack.logs()
-    print(f"recovered: every answer whole {recovered:.1f} s after the node was killed")
+    fresh = sum(
+        "publishing on a fresh channel" in line for line in new_lines({}, log_lines(stack, "WARNING"))
+    )
+    print(
+        f"recovered: every answer whole {recovered:.1f} s after the node was killed;"
+        f" publishers moved to a fresh channel {fresh} time(s)"
+    )

@@ -227,7 +227,7 @@ async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, ra
         await asyncio.sleep(0.5)
     cut = raw.index((TurnInterrupted.__name__, 1))
     assert cut > 0
-    assert [item for item in raw[cut + 1 :] if item[1] == 1] == []
+    assert [item for item in raw[cut + 1 :] if item[1] == 1] == [], raw
 
 
 # --- state follows the session to another process -------------------------------------------------

@@ -163,6 +163,9 @@ def create_app(
                 return await edge.client_message(connection, message)
         except BrokerUnavailable as exc:  # said aloud, never lost in silence; the socket stays open
             edge.count("unavailable")
+            log.warning(
+                "session %s: what the caller sent was not taken: %s", connection.session.session_id, exc
+            )
             return ErrorFrame(code=ErrorCode.UNAVAILABLE, message=f"{exc}; say it again shortly")
         return None
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -125,6 +126,10 @@ OUTLET_IN_FLIGHT = 1  # bundles to one edge awaiting their confirms at once; mor
 ROUTES_KEPT = 65_536  # which edge each session's caller is on: forgotten wholesale beyond this
 RECONNECT_INTERVAL_S = 1.0
 QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
+# A partition's confirm comes in milliseconds, a leader election's in about one second: one not come
+# after this long is stuck (see AmqpTransport._publish_to_partition), and published again
+STUCK_CONFIRM_S = 2.0
+RECENT_IDS_KEPT = 4_096  # message ids a partition consumer remembers, to drop what comes twice
 # what a publish raises when the broker went away under it
 BROKER_GONE = (
     aio_pika.exceptions.ChannelInvalidStateError,
@@ -156,7 +161,7 @@ class _Delivery:
     channel directly: aio-pika's consumer would wrap each message (reading all its properties) and
     hand it on in a task of its own, one more pass of a busy event loop on an interrupt's way."""
 
-    __slots__ = ("body", "content_type", "headers", "reply_to", "routing_key", "tag")
+    __slots__ = ("body", "content_type", "headers", "message_id", "reply_to", "routing_key", "tag")
 
     def __init__(self, delivered: aiormq.abc.DeliveredMessage) -> None:
         properties = delivered.header.properties
@@ -165,6 +170,7 @@ class _Delivery:
         self.body: bytes = delivered.body
         self.content_type = properties.content_type
         self.headers = properties.headers
+        self.message_id: str | None = properties.message_id
         self.reply_to = properties.reply_to
         self.routing_key = deliver.routing_key
         self.tag: int = deliver.delivery_tag
@@ -422,6 +428,12 @@ class AmqpTransport(Transport):
         # publishes in): its edge queue, or a session's own edge mailbox (a test's Caller).
         self._edge_route: str | None = None
         self._session_routes: dict[str, str] = {}
+        self._work_queues_declared: set[Tier] = set()  # by this process: a start then only publishes
+        self._replacing = asyncio.Lock()  # one fresh publishing channel for many stuck publishes
+        # since when publishes to a partition (control?, its tag) have been refused, on end
+        self._refused_since: dict[tuple[bool, str], float] = {}
+        self._retired: set[asyncio.Task[None]] = set()  # stuck channels on their way out
+        self._recent_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> AmqpTransport:
@@ -548,6 +560,8 @@ class AmqpTransport(Transport):
         return connection is not None and not connection.is_closed and self._usable.is_set()
 
     async def close(self) -> None:
+        for task in self._retired:  # their channels close with the connection
+            task.cancel()
         if self._connection is not None:
             self._closing = True
             await self._connection.close()
@@ -585,6 +599,7 @@ class AmqpTransport(Transport):
             except (QueueFull, *BROKER_GONE):
                 pass  # then as any message below
         full = False
+        message_id = new_message_id()  # the same for every attempt: a consumer drops a second copy
         try:
             async with asyncio.timeout(self.broker_wait_s):
                 while True:
@@ -595,16 +610,22 @@ class AmqpTransport(Transport):
                     try:
                         if route is not None and not recovering:
                             await self._outlet(route).send(session, key, body)
+                            return
+                        publish = functools.partial(
+                            self.publish_raw,
+                            key,
+                            body,
+                            control=control,
+                            persistent=persistent,
+                            mandatory=control or recovering,
+                            reply_to=reply_to,
+                            headers=headers,
+                            message_id=message_id,
+                        )
+                        if headers is None:
+                            await publish()
                         else:
-                            await self.publish_raw(
-                                key,
-                                body,
-                                control=control,
-                                persistent=persistent,
-                                mandatory=control or recovering,
-                                reply_to=reply_to,
-                                headers=headers,
-                            )
+                            await self._publish_to_partition(publish, headers, control=control)
                         return
                     except BROKER_GONE:  # it went away between the check and the publish
                         pass
@@ -647,6 +668,7 @@ class AmqpTransport(Transport):
         mandatory: bool | None = None,
         reply_to: str | None = None,
         headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
     ) -> None:
         """Publish bytes as they are (the codec's output, or a malformed message in tests).
         ``mandatory`` (default: control only) raises :class:`UnroutableError` if no queue took it."""
@@ -661,7 +683,7 @@ class AmqpTransport(Transport):
             else aio_pika.DeliveryMode.NOT_PERSISTENT,
             reply_to=reply_to,
             headers=headers,
-            message_id=new_message_id(),  # (else aiormq makes a UUID for each one)
+            message_id=message_id or new_message_id(),  # (else aiormq makes a UUID for each one)
         )
         await self._publish(message, key, control=control, mandatory=mandatory)
         self.counters["published"] += 1
@@ -698,6 +720,79 @@ class AmqpTransport(Transport):
         except DeliveryError as exc:  # refused (nack): a queue it goes to is full
             self.counters[f"refused_{kind}"] += 1
             raise QueueFull(f"{kind} message {key}: a queue it goes to is full") from exc
+
+    async def _publish_to_partition(
+        self, publish: Callable[[], Awaitable[None]], headers: dict[str, Any], *, control: bool
+    ) -> None:
+        """``publish`` to a partition (a quorum queue), on a fresh channel when the one it went on
+        seems wedged for that queue: refused for :data:`STUCK_CONFIRM_S` on end, or its confirm not
+        come after as long. The caller bounds the whole, and waits after a refusal (QueueFull) as
+        for any full queue.
+
+        Measured on RabbitMQ 3.10 (the node-loss fault test, about one run in two): after the
+        processes reconnected to a surviving node, within 0.1 s of the loss and so while the
+        partitions elected new leaders, one partition refused every message one edge published to
+        it (1,917 refusals in 40 s) though it held a handful: that session's caller went unheard
+        for good. A channel's first publish to a quorum queue registers it with the queue's leader,
+        and RabbitMQ 3.10 refuses the message when that times out, as it does with a leader that is
+        gone; a fresh channel registers again, with the leader there is now, and goes through.
+        Confirms that never come after a leader change are a fault of the same part (fixed in
+        RabbitMQ 4.0 and 4.2), met the same way. Should the first copy arrive after all (a stalled
+        broker), the partition's consumer drops the second by its message id (:meth:`_take`)."""
+        channel = self._control if control else self._data
+        queue = (control, headers[PARTITION_HEADER])
+        try:
+            async with asyncio.timeout(STUCK_CONFIRM_S):
+                await publish()
+        except TimeoutError:
+            self.counters["confirms_stuck"] += 1
+            await self._replace_publisher(channel, control=control, why="was not confirmed")
+            await self._publish_to_partition(publish, headers, control=control)
+        except QueueFull:
+            first = self._refused_since.setdefault(queue, time.monotonic())
+            if time.monotonic() - first >= STUCK_CONFIRM_S:
+                del self._refused_since[queue]
+                await self._replace_publisher(channel, control=control, why="was refused")
+            raise
+        else:
+            self._refused_since.pop(queue, None)
+
+    async def _replace_publisher(
+        self, stuck: AbstractRobustChannel | None, *, control: bool, why: str
+    ) -> None:
+        """A fresh publishing channel in place of ``stuck`` (once, however many publishes were
+        stuck on it); the stuck one is closed in the background, later."""
+        async with self._replacing:
+            if stuck is not (self._control if control else self._data):
+                return  # another stuck publish replaced it already
+            connection = self._need(self._connection)
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            events = await channel.get_exchange(EVENTS_EXCHANGE, ensure=False)  # declared at start
+            if control:
+                self._control, self._events_control = channel, events
+            else:
+                self._data, self._events_data = channel, events
+                self._dead = await channel.get_exchange(DEAD_EXCHANGE, ensure=False)
+            self.counters["publishing_channels_replaced"] += 1
+            log.warning(
+                "a %s publish to a partition %s for %.0f s: publishing on a fresh channel (RabbitMQ "
+                "3.10 can wedge a channel that began to publish to a quorum queue as its leader changed)",
+                CONTROL if control else DATA,
+                why,
+                STUCK_CONFIRM_S,
+            )
+        if stuck is not None:
+            task = asyncio.create_task(self._retire(stuck))
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+
+    async def _retire(self, channel: AbstractRobustChannel) -> None:
+        """Close a replaced channel once what else was on its way there is confirmed (its other
+        queues answer as ever): as long as any publisher waits."""
+        await asyncio.sleep(self.broker_wait_s)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.broker_wait_s):
+                await channel.close()
 
     def _outlet(self, route: str) -> _Outlet:
         outlet = self._outlets.get(route)
@@ -856,14 +951,24 @@ class AmqpTransport(Transport):
 
     async def _take(self, message: _Delivery, queue: str, handler: Handler, on_start: StartHandler) -> bool:
         """Hand one partition message over: False when it must wait (NotOwner, or a start the
-        worker did not take)."""
+        worker did not take). A second copy (published again when its confirm was stuck:
+        :meth:`_publish_to_partition`) is dropped."""
+        if message.message_id is not None and message.message_id in self._recent_ids:
+            self.counters["partition_duplicates_dropped"] += 1
+            return True
         try:
             if message.headers and START_HEADER in message.headers:
-                return await self._start(message, queue, on_start)
-            await self._handle(message, queue, None, self._noting_route(handler, message.reply_to))
+                taken = await self._start(message, queue, on_start)
+            else:
+                await self._handle(message, queue, None, self._noting_route(handler, message.reply_to))
+                taken = True
         except NotOwner:
             return False
-        return True
+        if taken and message.message_id is not None:
+            self._recent_ids[message.message_id] = None
+            if len(self._recent_ids) > RECENT_IDS_KEPT:
+                self._recent_ids.popitem(last=False)
+        return taken
 
     def _noting_route(self, handler: Handler, reply_to: str | None) -> Handler:
         """``handler``, after noting which edge queue the session's caller hears on (what a
@@ -1127,25 +1232,52 @@ class AmqpTransport(Transport):
         return await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "classic"})
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
-        if self.partitions(tier):  # down the session's partition, ahead of what it is sent
+        """One publish and its confirm, no declaration: a start used to cost a round trip more (a
+        declaration, or a passive one for the partitions' exchange). The work queue is declared
+        on this process's first start only, and again should the broker return a start as
+        unroutable (the queue was deleted, or lost with its node)."""
+        channel = self._need(self._data)
+        partitioned = bool(self.partitions(tier))
+        headers = None
+        if partitioned:  # down the session's partition, ahead of what it is sent
             headers = {**self._partition_headers(SessionInfo.decode(info).session_id), START_HEADER: "1"}
-            message = aio_pika.Message(
-                info,
-                content_type=CONTENT_TYPE,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers=headers,
-            )
-            exchange = await self._need(self._data).get_exchange(partitions_exchange(tier, DATA))
-            try:
-                await exchange.publish(message, "", mandatory=True)
-            except PublishError as exc:
-                raise UnroutableError(f"the start of a {tier} session reached no partition") from exc
-            return
-        queue = await self._work_queue(self._need(self._data), tier)
         message = aio_pika.Message(
-            info, content_type=CONTENT_TYPE, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+            info,
+            content_type=CONTENT_TYPE,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=headers,
+            message_id=new_message_id(),
         )
-        await self._need(self._data).default_exchange.publish(message, queue.name)
+        if partitioned:
+            assert headers is not None
+            publish = functools.partial(self._publish_start, tier, message)
+            async with asyncio.timeout(self.broker_wait_s):
+                while True:
+                    try:
+                        await self._publish_to_partition(publish, headers, control=False)
+                        return
+                    except QueueFull:
+                        await asyncio.sleep(QUEUE_FULL_RETRY_S)
+        if tier not in self._work_queues_declared:
+            await self._work_queue(channel, tier)
+            self._work_queues_declared.add(tier)
+        try:
+            await channel.default_exchange.publish(message, session_work_queue(tier), mandatory=True)
+        except PublishError:
+            self.counters["work_queue_declared_again"] += 1
+            await self._work_queue(channel, tier)
+            await channel.default_exchange.publish(message, session_work_queue(tier), mandatory=True)
+
+    async def _publish_start(self, tier: Tier, message: aio_pika.Message) -> None:
+        # the partitions' exchange is declared at start-up by every process (_declare_partitions)
+        exchange = await self._need(self._data).get_exchange(partitions_exchange(tier, DATA), ensure=False)
+        try:
+            await exchange.publish(message, "", mandatory=True)
+        except PublishError as exc:
+            raise UnroutableError(f"the start of a {tier} session reached no partition") from exc
+        except DeliveryError as exc:  # refused (nack): the partition is full, or see _publish_to_partition
+            self.counters["refused_data"] += 1
+            raise QueueFull(f"the start of a {tier} session was refused") from exc
 
     async def consume_session_starts(self, tier: Tier, handler: StartHandler) -> Subscription:
         queue = await self._work_queue(self._need(self._starts), tier)
