@@ -205,6 +205,21 @@ async def test_the_directory_names_live_sessions_and_orphans_are_those_nobody_ho
     assert set(mine(await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000))) == {lapsing}
 
 
+async def test_only_wanted_orphans_count_toward_the_limit(store: StateStore, session: Session) -> None:
+    """A worker with partitions wants only its own partitions' orphans: with many of others'
+    ahead of them in the directory, a limit counted before the filter handed it none of its own."""
+    others = [session(f"other{i}") for i in range(30)]
+    own = [session(f"own{i}") for i in range(3)]
+    for s in [*others, *own]:  # its own come last
+        await store.register_session(DIRECTORY_TIER, s, b"info")
+    orphans = await store.orphaned_sessions(DIRECTORY_TIER, limit=2, wanted=own.__contains__)
+    assert len(orphans) == 2 and {s for s, _ in orphans} <= set(own)
+    everything = await store.orphaned_sessions(DIRECTORY_TIER, limit=10_000, wanted=own.__contains__)
+    assert sorted(s for s, _ in everything) == sorted(own)
+    for s in [*others, *own]:
+        await store.unregister_session(DIRECTORY_TIER, s)
+
+
 async def test_sessions_the_directory_lost_are_found_and_written_back_never_over_a_record(
     store: StateStore, session: Session
 ) -> None:

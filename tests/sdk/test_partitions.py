@@ -45,7 +45,11 @@ class Pool(test_worker.Pool):
         self.client = MemoryTransport(self.broker, partitions=PARTITIONS)
 
     async def worker(  # type: ignore[override]
-        self, partitions: int = PARTITIONS, agent: Agent = agent, adopt_interval_s: float = 0.05
+        self,
+        partitions: int = PARTITIONS,
+        agent: Agent = agent,
+        adopt_interval_s: float = 0.05,
+        max_sessions: int = 500,
     ) -> Worker:
         transport = MemoryTransport(self.broker, partitions=partitions)
         host = SessionHost.for_agent(transport, self.store, agent, owner=f"w{len(self.workers) + 1}")
@@ -55,6 +59,7 @@ class Pool(test_worker.Pool):
             status_interval_s=60,
             liveness_ttl_ms=LIVENESS_MS,
             drain_timeout_s=2,
+            max_sessions=max_sessions,
         )
         await worker.start()
         self.workers.append(worker)
@@ -201,3 +206,26 @@ async def test_what_arrives_while_a_session_is_being_taken_waits_for_it(pool: Po
     node = runtime.nodes[0]
     assert isinstance(node, ReasoningNode)
     assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
+
+
+async def test_a_worker_finds_its_own_orphans_behind_many_of_other_partitions(pool: Pool) -> None:
+    """A worker looks at as many orphans as it adopts at one look (its room); were the other
+    partitions' orphans counted toward that, one ahead of its own in the directory in greater
+    number would hide them from it for good."""
+    mine, theirs = (
+        await pool.worker(adopt_interval_s=3600, max_sessions=2),
+        await pool.worker(adopt_interval_s=3600),
+    )
+    await wait_for(lambda: len(held(mine)) == len(held(theirs)) == PARTITIONS // 2)
+    orphans: dict[str, list[str]] = {"mine": [], "theirs": []}
+    for i in range(200):  # registered, never started: nobody holds their leases
+        if len(orphans["mine"]) == 2 and len(orphans["theirs"]) >= 10:
+            break
+        sid = f"orphan-{i}"
+        whose = "mine" if partition_of(sid, PARTITIONS) in held(mine) else "theirs"
+        if whose == "mine" and len(orphans["theirs"]) < 10:
+            continue  # theirs first in the directory
+        orphans[whose].append(sid)
+        await pool.store.register_session(TIER_REASONING, sid, SessionInfo(sid).encode())
+    assert await mine.adopt_orphans() == 2
+    assert set(mine.host.sessions) == set(orphans["mine"])

@@ -140,7 +140,8 @@ class Worker:
         if room <= 0:
             return 0
         taken = 0
-        for session_id, raw in await self.host.store.orphaned_sessions(self.host.tier, limit=room):
+        orphans = await self.host.store.orphaned_sessions(self.host.tier, limit=room, wanted=self._mine)
+        for session_id, raw in orphans:
             if not self._mine(session_id) or session_id in self.host.sessions:
                 continue
             if await self._call_over(session_id):

@@ -305,8 +305,12 @@ class StateStore(ABC):
         """The registered SessionInfo of a live session, or None (how the edge knows a session)."""
 
     @abstractmethod
-    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
-        """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption."""
+    async def orphaned_sessions(
+        self, tier: Tier, limit: int = 100, wanted: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
+        """Registered sessions of ``tier`` whose lease is not held by anyone: candidates for adoption.
+        Only those ``wanted`` (a worker's own partitions) count toward ``limit``: filtered after,
+        a worker could be handed ``limit`` orphans of other partitions and never see its own."""
 
     @abstractmethod
     async def absent_sessions(self, tier: Tier, sessions: Collection[str]) -> list[str]:

@@ -689,12 +689,16 @@ class MemoryStateStore(StateStore):
         directory.update({s: records[s] for s in restored})
         return restored
 
-    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+    async def orphaned_sessions(
+        self, tier: Tier, limit: int = 100, wanted: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
         now = time.monotonic()
         out: list[tuple[str, bytes]] = []
         for session, info in self._directory[tier].items():
             if len(out) >= limit:
                 break
+            if wanted is not None and not wanted(session):
+                continue
             lease = self._leases.get((tier, session))
             if lease is None or lease.expires <= now:
                 out.append((session, info))

@@ -41,7 +41,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Final, Self
 
 import redis
@@ -360,7 +360,9 @@ class RedisStateStore(StateStore):
             written = await pipe.execute()
         return [name for name, wrote in zip(names, written, strict=True) if wrote]
 
-    async def orphaned_sessions(self, tier: Tier, limit: int = 100) -> list[tuple[str, bytes]]:
+    async def orphaned_sessions(
+        self, tier: Tier, limit: int = 100, wanted: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, bytes]]:
         """Registered sessions of ``tier`` whose lease key does not exist, at most ``limit``.
 
         O(directory) per call: HSCAN pages of the directory, each followed by one pipelined round
@@ -382,6 +384,8 @@ class RedisStateStore(StateStore):
             seen.update(name for name, _ in fresh)
             if fresh:
                 sessions = [(name.decode(), info) for name, info in fresh]
+                if wanted is not None:
+                    sessions = [(session, info) for session, info in sessions if wanted(session)]
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for session, _ in sessions:
                         pipe.exists(lease_key(tier, session))
