@@ -13,11 +13,13 @@ import asyncio
 from collections.abc import Callable
 
 from bargein import Event, SessionInfo, UserStartedSpeaking, UserTranscriptionReceived
+from bargein.agent.events import AudioFrame, EndCall
 from bargein.errors import NotOwner
+from bargein.transport.abc import AUDIO_PARTITION_MAILBOXES
 from bargein.wire.envelope import Envelope
-from bargein.wire.names import IN, TIER_REASONING, partition_of
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, partition_of
 
-from .harness import Bus, until
+from .harness import AUDIO_FRAMES, Bus, until
 
 PARTITIONS = 4
 Session = Callable[[str], str]
@@ -168,3 +170,77 @@ async def test_a_partitioned_tier_has_no_mailbox_per_session(bus: Bus, session: 
     assert await transport.mailbox_exists(s, TIER_REASONING)  # its partition: always there
     assert transport.partitions(TIER_REASONING) == PARTITIONS
     assert not (await bus.transport()).partitions(TIER_REASONING)
+
+
+# --- the speech tier: the caller's audio, in partitions of its own ---------------------------------
+
+
+def frame(i: int) -> AudioFrame:
+    return AudioFrame(data=i.to_bytes(2, "little") * 160)
+
+
+def frame_number(event: Event) -> int:
+    assert isinstance(event, AudioFrame)
+    return int.from_bytes(event.data[:2], "little")
+
+
+async def test_a_speech_partition_hears_its_sessions_audio_and_hang_up_and_their_starts(
+    bus: Bus, session: Session
+) -> None:
+    """What a speech mailbox heard: the caller's audio and the hang-up; none of other partitions'."""
+    mine, other = in_partition(session, 1, "a"), in_partition(session, 2, "b")
+    consumer, publisher = (
+        await bus.transport(partitions=PARTITIONS),
+        await bus.transport(partitions=PARTITIONS),
+    )
+    seen: list[tuple[str, str]] = []
+    started: list[str] = []
+
+    async def record(envelope: Envelope, event: Event) -> None:
+        seen.append(
+            (
+                envelope.session,
+                f"frame {frame_number(event)}" if isinstance(event, AudioFrame) else type(event).__name__,
+            )
+        )
+
+    async def start(info: bytes) -> bool:
+        started.append(SessionInfo.decode(info).session_id)
+        return True
+
+    await consumer.open_partition(TIER_SPEECH, 1, record, start)
+    await publisher.publish_session_start(TIER_SPEECH, SessionInfo(mine).encode())
+    await publisher.publish_session_start(TIER_SPEECH, SessionInfo(other).encode())
+    for i in range(3):
+        await publisher.publish(Envelope.wrap(mine, frame(i), seq=i, source="user"), IN)
+        await publisher.publish(Envelope.wrap(other, frame(i), seq=i, source="user"), IN)
+    await publisher.publish(Envelope.wrap(mine, text("not for the speech tier")), IN)
+    await publisher.publish(Envelope.wrap(mine, EndCall(reason="hung up")), IN)
+    await until(lambda: len(seen) == 4)
+    await asyncio.sleep(0.2)
+    assert started == [mine]
+    assert seen == [
+        (mine, "frame 0"),
+        (mine, "frame 1"),
+        (mine, "frame 2"),
+        (mine, "EndCall"),
+    ]
+
+
+async def test_a_speech_partition_keeps_its_newest_audio_when_full(bus: Bus, session: Session) -> None:
+    """Bounded at AUDIO_PARTITION_MAILBOXES speech mailboxes' frames, the oldest dropped (audio
+    is worthless late); the publisher is never held back by it."""
+    mine = in_partition(session, 3, "a")
+    publisher = await bus.transport(partitions=PARTITIONS)
+    bound = AUDIO_FRAMES * AUDIO_PARTITION_MAILBOXES
+    for i in range(bound + 5):
+        await publisher.publish(Envelope.wrap(mine, frame(i), seq=i, source="user"), IN)
+    seen: list[int] = []
+
+    async def record(envelope: Envelope, event: Event) -> None:
+        seen.append(frame_number(event))
+
+    consumer = await bus.transport(partitions=PARTITIONS)
+    await consumer.open_partition(TIER_SPEECH, 3, record, never_starts)
+    await until(lambda: len(seen) == bound)
+    assert seen == list(range(5, bound + 5))

@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 from bargein.agent.events import AgentResponse, AudioFrame, SessionError
 from bargein.testing.caller import Caller
-from bargein.tools import corpus
+from bargein.tools import benchkit, corpus
 from bargein.wire.envelope import Envelope
-from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH
+from bargein.wire.names import IN, TIER_REASONING, TIER_SPEECH, mailbox_queue
 from tests.speech import frames, pcm, speech_marks
 from tests.speech.test_whisper import heard_the_turn
 
@@ -34,16 +35,36 @@ FRAME_PERIOD_S = 0.005  # 20 ms frames sent every 5 ms: four times real time
 PROBE = {"agent": "tests.integration.agents:probe", "tail": 300, "word_delay": 0.02}
 
 
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module", params=["session", "partitioned"])
+def mailboxes(request: pytest.FixtureRequest) -> str:
+    """Every test twice: a mailbox per session and tier, and both tiers' mailboxes partitioned
+    (the speech tier's audio in a partition of its own, hashed as the reasoning tier's events)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def cluster(rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    rabbitmq_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory, mailboxes: str
+) -> Iterator[Cluster]:
     reset_shared_queues(rabbitmq_url, redis_url)
-    c = Cluster(cluster_env(rabbitmq_url, redis_url), Path(tmp_path_factory.mktemp("speech")))
+    partitioned = mailboxes == "partitioned"
+    if partitioned:
+        asyncio.run(benchkit.forget_partitions(rabbitmq_url, redis_url, PARTITIONS))
+    env = cluster_env(
+        rabbitmq_url, redis_url, BARGEIN_MAILBOXES=mailboxes, BARGEIN_PARTITIONS=str(PARTITIONS)
+    )
+    c = Cluster(env, Path(tmp_path_factory.mktemp("speech")))
     try:
         c.start(module="services.speech")
         c.start(module="services.reasoning")
         yield c
     finally:
         c.stop_all()
+        if partitioned:
+            asyncio.run(benchkit.forget_partitions(rabbitmq_url, redis_url, PARTITIONS))
 
 
 TIERS = (TIER_SPEECH, TIER_REASONING)
@@ -89,8 +110,11 @@ class SpeechClient(Client):
 
 
 @pytest.fixture
-async def client(cluster: Cluster, rabbitmq_url: str, redis_url: str) -> AsyncIterator[SpeechClient]:
-    async with connected_client(rabbitmq_url, redis_url, "test-speech-client") as c:
+async def client(
+    cluster: Cluster, rabbitmq_url: str, redis_url: str, mailboxes: str
+) -> AsyncIterator[SpeechClient]:
+    partitions = PARTITIONS if mailboxes == "partitioned" else 0
+    async with connected_client(rabbitmq_url, redis_url, "test-speech-client", partitions=partitions) as c:
         speech = SpeechClient(c.transport, c.store, c.redis)
         try:
             yield speech
@@ -143,7 +167,7 @@ async def test_bad_frames_reach_the_client_as_errors_and_the_service_carries_on(
 
 
 async def test_a_spoken_turn_reaches_the_agents_history_as_words(
-    client: SpeechClient, cluster: Cluster
+    client: SpeechClient, cluster: Cluster, rabbitmq_url: str, mailboxes: str
 ) -> None:
     caller = await client.open_owned(cluster)
     await client.stream(caller, pcm("one_utterance.wav"))
@@ -152,6 +176,22 @@ async def test_a_spoken_turn_reaches_the_agents_history_as_words(
     # the probe agent echoes the user's words from its history before its tail
     said = answer.split("tail0")[0]
     assert heard_the_turn(said), answer[:120]
+    # partitioned, the session has no queue of its own at the broker, for either tier
+    for tier in TIERS:
+        assert await queue_exists(rabbitmq_url, mailbox_queue(tier, caller.session_id)) == (
+            mailboxes == "session"
+        )
+
+
+async def queue_exists(rabbitmq_url: str, name: str) -> bool:
+    connection = await aio_pika.connect(rabbitmq_url)
+    async with connection:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(name, passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
 
 
 async def test_over_the_agent_a_backchannel_does_not_cut_it_off_and_words_do(

@@ -28,13 +28,12 @@ from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.names import (
-    CONTROL,
-    DATA,
     PARTITIONED_TIERS,
     TIER_REASONING,
     TIER_SPEECH,
     lease_key,
     partition_count_key,
+    partition_kinds,
     partition_lease,
     partition_queue,
     partitions_exchange,
@@ -345,7 +344,7 @@ async def delete_partitions(rabbitmq_url: str, partitions: int) -> None:
     async with connection:
         channel = await connection.channel()
         for tier in PARTITIONED_TIERS:
-            for kind in (CONTROL, DATA):
+            for kind in partition_kinds(tier):
                 for partition in range(partitions):
                     await channel.queue_delete(partition_queue(tier, partition, kind))
                 await channel.exchange_delete(partitions_exchange(tier, kind))

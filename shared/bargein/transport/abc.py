@@ -26,6 +26,9 @@ StartHandler = Callable[[bytes], Awaitable[bool]]
 # A partition's message its handler could not take yet (NotOwner: the session's previous owner
 # still holds it) is tried again after this long, while the partition waits behind it.
 PUT_BACK_AFTER_S: Final = 0.1
+# A speech partition holds at most this many speech mailboxes' worth of audio frames
+# (BARGEIN_AUDIO_MAILBOX_FRAMES each), the oldest dropped first: its sessions' audio comes in turn.
+AUDIO_PARTITION_MAILBOXES: Final = 16
 
 
 class Subscription(ABC):

@@ -62,6 +62,7 @@ from bargein.errors import (
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
 from bargein.transport.abc import (
+    AUDIO_PARTITION_MAILBOXES,
     PUT_BACK_AFTER_S,
     EdgeQueue,
     Handler,
@@ -82,6 +83,7 @@ from bargein.wire.envelope import (
     new_message_id,
 )
 from bargein.wire.names import (
+    AUDIO,
     AUDIO_EXCHANGE,
     CONTROL,
     DATA,
@@ -99,16 +101,18 @@ from bargein.wire.names import (
     TIER_SPEECH,
     Direction,
     Kind,
+    PartitionKind,
     Tier,
     edge_bindings,
     edge_queue,
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
+    partition_kinds,
     partition_of,
     partition_queue,
+    partition_sources,
     partition_tag,
-    partitions_binding,
     partitions_exchange,
     routing_key,
     session_work_queue,
@@ -584,7 +588,7 @@ class AmqpTransport(Transport):
         session = envelope.session
         key = routing_key(session, direction, envelope.type)
         if envelope.lane == "audio":
-            await self.publish_audio(key, encode(envelope))
+            await self.publish_audio(key, encode(envelope), session)
             return
         body = encode(envelope)
         control = envelope.control
@@ -644,11 +648,12 @@ class AmqpTransport(Transport):
             why = "a queue on the way stayed full" if full else "RabbitMQ did not come back"
             raise BrokerUnavailable(f"{why} for {self.broker_wait_s:.0f} s") from None
 
-    async def publish_audio(self, key: str, body: bytes) -> None:
+    async def publish_audio(self, key: str, body: bytes, session: str | None = None) -> None:
         """Audio is transient and high-rate: no confirms to wait for, and old audio is worthless
         anyway (speech mailboxes drop their oldest frames when full), so it is dropped, not held,
         while the broker is away."""
-        message = aio_pika.Message(body, content_type=CONTENT_TYPE)
+        headers = self._partition_headers(session) if session and self.partitions(TIER_SPEECH) else None
+        message = aio_pika.Message(body, content_type=CONTENT_TYPE, headers=headers)
         try:
             if not self.connected:
                 raise aio_pika.exceptions.ChannelInvalidStateError("the broker is away")
@@ -858,10 +863,20 @@ class AmqpTransport(Transport):
     def _partition_headers(self, session: str) -> dict[str, Any]:
         return {PARTITION_HEADER: partition_tag(partition_of(session, self.partition_count))}
 
-    def _partition_arguments(self) -> dict[str, Any]:
-        """Replicated (a quorum queue survives the loss of a minority of nodes), bounded as a
-        mailbox is, dead-lettered; one consumer at a time (a worker that lost a partition and
-        still consumes it keeps its successor waiting, not doubled)."""
+    def _partition_arguments(self, kind: PartitionKind) -> dict[str, Any]:
+        """Events: replicated (a quorum queue survives the loss of a minority of nodes), bounded as
+        a mailbox is, dead-lettered; one consumer at a time (a worker that lost a partition and
+        still consumes it keeps its successor waiting, not doubled). Audio: a classic queue, as a
+        speech mailbox is (replicated by the operator's policy, if at all: audio is worthless
+        late), holding :data:`AUDIO_PARTITION_MAILBOXES` mailboxes' worth of frames, the oldest
+        dropped first. No single active consumer on a classic queue (RabbitMQ 3.10 crashes such
+        queues on redelivery, issue #5460): the partition's lease keeps it to one consumer."""
+        if kind == AUDIO:
+            return {
+                "x-queue-type": "classic",
+                "x-max-length": self.audio_mailbox_frames * AUDIO_PARTITION_MAILBOXES,
+                "x-overflow": "drop-head",
+            }
         return {
             "x-queue-type": "quorum",
             "x-single-active-consumer": True,
@@ -871,26 +886,25 @@ class AmqpTransport(Transport):
         }
 
     async def _declare_partitions(self, tier: Tier) -> None:
-        """``bargein.events`` → one headers exchange per kind → each partition's queue of that kind.
-        Declared by every process at start-up (idempotent), so that a session started before any
-        worker consumed its partition waits there; on a channel of its own (a refused declaration
-        closes its channel). A partition declared with other bounds is used as it is."""
+        """``bargein.events`` (and ``bargein.audio``) → one headers exchange per kind → each
+        partition's queue of that kind (``partition_sources``). Declared by every process at
+        start-up (idempotent), so that a session started before any worker consumed its partition
+        waits there; on a channel of its own (a refused declaration closes its channel). A
+        partition declared with other bounds is used as it is."""
         connection = self._need(self._connection)
         channel = await connection.channel(publisher_confirms=False)
         try:
-            events = await channel.declare_exchange(
-                EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True, robust=False
-            )
-            for kind in (CONTROL, DATA):
+            for kind in partition_kinds(tier):
                 exchange = await channel.declare_exchange(
                     partitions_exchange(tier, kind), aio_pika.ExchangeType.HEADERS, durable=True, robust=False
                 )
-                await exchange.bind(events, partitions_binding(kind), robust=False)
+                for source, key in partition_sources(tier, kind):
+                    await exchange.bind(source, key, robust=False)
                 for partition in range(self.partition_count):
                     name = partition_queue(tier, partition, kind)
                     try:
                         queue = await channel.declare_queue(
-                            name, durable=True, arguments=self._partition_arguments(), robust=False
+                            name, durable=True, arguments=self._partition_arguments(kind), robust=False
                         )
                     except aio_pika.exceptions.ChannelPreconditionFailed:
                         self.counters["partitions_with_old_arguments"] += 1
@@ -912,7 +926,7 @@ class AmqpTransport(Transport):
     ) -> Subscription:
         channel = await self._need(self._consume).get_underlay_channel()
         consumers: list[Subscription] = []
-        for kind in (CONTROL, DATA):
+        for kind in partition_kinds(tier):
             name = partition_queue(tier, partition, kind)
             consumer = _Consumer(channel.basic_cancel, "", channel)
             on_message = self._partition_consumer(channel, name, handler, on_start, consumer)
@@ -1270,7 +1284,8 @@ class AmqpTransport(Transport):
 
     async def _publish_start(self, tier: Tier, message: aio_pika.Message) -> None:
         # the partitions' exchange is declared at start-up by every process (_declare_partitions)
-        exchange = await self._need(self._data).get_exchange(partitions_exchange(tier, DATA), ensure=False)
+        starts = partitions_exchange(tier, partition_kinds(tier)[0])
+        exchange = await self._need(self._data).get_exchange(starts, ensure=False)
         try:
             await exchange.publish(message, "", mandatory=True)
         except PublishError as exc:

@@ -35,6 +35,7 @@ from bargein.errors import (
 )
 from bargein.metrics import Counted
 from bargein.transport.abc import (
+    AUDIO_PARTITION_MAILBOXES,
     NO_LOG_CHANGE,
     PUT_BACK_AFTER_S,
     EdgeQueue,
@@ -50,14 +51,15 @@ from bargein.transport.abc import (
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
+    AUDIO,
     CONTROL,
     DATA,
     EVENTS_EXCHANGE,
-    IN,
-    TIER_REASONING,
+    PARTITIONED_TIERS,
     TIER_SPEECH,
     Direction,
     Kind,
+    PartitionKind,
     Tier,
     edge_bindings,
     edge_queue,
@@ -65,8 +67,10 @@ from bargein.wire.names import (
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
+    partition_kinds,
     partition_of,
     partition_queue,
+    partition_sources,
     routing_key,
     tier_exchange,
 )
@@ -382,14 +386,17 @@ class MemoryTransport(Transport):
     async def publish(self, envelope: Envelope, direction: Direction) -> None:
         key = routing_key(envelope.session, direction, envelope.type)
         body, exchange, control = encode(envelope), lane_exchange(envelope.lane), envelope.control
-        partitioned = direction == IN and envelope.lane != "audio" and self.partition_count > 0
+        partitions = list(self._partitions_hearing(exchange, key)) if self.partition_count else []
         deadline = None
         while True:
             try:
-                if partitioned:  # its partition takes it first: a control message is routed then
-                    kind = CONTROL if control else DATA
-                    self.broker.put(self._partition_box(envelope.session, kind), body, control=control)
-                    partitioned = control = False  # (not again if a topic queue is full)
+                while partitions:  # its partitions take it first: a control message is routed then
+                    tier, kind = partitions[0]
+                    self.broker.put(self._partition_box(envelope.session, kind, tier), body, control=control)
+                    partitions.pop(0)  # (not again if a queue after it is full)
+                    control = False
+                if envelope.lane == "audio" and self.partitions(TIER_SPEECH):
+                    return  # nothing else hears the caller's audio
                 self.broker.route(exchange, key, body, control=control)
                 return
             except QueueFull:  # the consumer is behind: wait for it (backpressure)
@@ -457,16 +464,34 @@ class MemoryTransport(Transport):
 
     # --- partitioned mailboxes ----------------------------------------------------------------------
 
-    def _partition_box(self, session: str, kind: Kind, tier: Tier = TIER_REASONING) -> _Mailbox:
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def _partitions_hearing(exchange: str, key: str) -> tuple[tuple[Tier, PartitionKind], ...]:
+        """The partitioned tiers' queues (tier, kind) a message reaches (RabbitMQ: through their
+        headers exchanges, ``partition_sources``)."""
+        return tuple(
+            (tier, kind)
+            for tier in PARTITIONED_TIERS
+            for kind in partition_kinds(tier)
+            if any(ex == exchange and topic_matches(p, key) for ex, p in partition_sources(tier, kind))
+        )
+
+    def _partition_box(self, session: str, kind: PartitionKind, tier: Tier) -> _Mailbox:
         return self._partition(tier, partition_of(session, self.partition_count), kind)
 
-    def _partition(self, tier: Tier, partition: int, kind: Kind) -> _Mailbox:
-        """A partition's queue of ``kind`` (made on first use: RabbitMQ's are declared at start-up)."""
+    def _partition(self, tier: Tier, partition: int, kind: PartitionKind) -> _Mailbox:
+        """A partition's queue of ``kind`` (made on first use: RabbitMQ's are declared at start-up),
+        bounded as AmqpTransport's are."""
         name = partition_queue(tier, partition, kind)
         box = self.broker.mailboxes.get(name)
         if box is None:
+            audio = kind == AUDIO
             box = self.broker.mailboxes[name] = _Mailbox(
-                name, [], priority=False, refuse_when_full=self.queue_max_messages
+                name,
+                [],
+                priority=False,
+                max_length=self.audio_mailbox_frames * AUDIO_PARTITION_MAILBOXES if audio else None,
+                refuse_when_full=None if audio else self.queue_max_messages,
             )
         return box
 
@@ -474,7 +499,7 @@ class MemoryTransport(Transport):
         self, tier: Tier, partition: int, handler: Handler, on_start: StartHandler
     ) -> Subscription:
         subscriptions: list[Subscription] = []
-        for kind in (CONTROL, DATA):
+        for kind in partition_kinds(tier):
             box = self._partition(tier, partition, kind)
             consume = functools.partial(self._consume_partition, box, handler, on_start)
             subscriptions.append(_subscribe(box, consume))
@@ -540,7 +565,7 @@ class MemoryTransport(Transport):
 
     async def publish_session_start(self, tier: Tier, info: bytes) -> None:
         if self.partitions(tier):
-            box = self._partition_box(SessionInfo.decode(info).session_id, DATA, tier)
+            box = self._partition_box(SessionInfo.decode(info).session_id, partition_kinds(tier)[0], tier)
             self.broker.put(box, info, start=True)
             return
         self.broker.starts[tier].append(info)

@@ -133,7 +133,13 @@ def mailbox_extra_bindings(tier: Tier, session: str) -> list[tuple[str, str]]:
 # messages go to the partition its id hashes to. What a session publishes ``in`` carries its
 # partition in a header; ``bargein.events`` passes ``in`` messages to one headers exchange per kind,
 # which routes them by that header. A worker owns whole partitions (hosting/partitions.py).
-PARTITIONED_TIERS: tuple[Tier, ...] = (TIER_REASONING,)
+#
+# The speech tier's partitions hear what its per-session mailboxes heard: the caller's audio (one
+# classic queue per partition, bounded and dropping its oldest frames, as audio is worthless late)
+# and the hang-up. The reasoning tier's hear every ``in`` event, control and data apart.
+PARTITIONED_TIERS: tuple[Tier, ...] = (TIER_SPEECH, TIER_REASONING)
+PartitionKind = Literal["control", "data", "audio"]
+AUDIO: PartitionKind = "audio"
 # (no "x-" prefix: RabbitMQ's headers exchange leaves such headers out of its match)
 PARTITION_HEADER = "bargein-partition"
 START_HEADER = "bargein-start"  # a session start, sent down its partition (body: SessionInfo)
@@ -150,17 +156,25 @@ def partition_tag(partition: int) -> str:
     return f"p{partition}"
 
 
-def partitions_exchange(tier: Tier, kind: Kind) -> str:
+def partition_kinds(tier: Tier) -> tuple[PartitionKind, ...]:
+    """The queues each of ``tier``'s partitions is; the first takes the tier's session starts."""
+    return (AUDIO,) if tier == TIER_SPEECH else (DATA, CONTROL)
+
+
+def partitions_exchange(tier: Tier, kind: PartitionKind) -> str:
     """Headers exchange: ``tier``'s messages of ``kind``, by partition."""
     return f"bargein.partitions.{tier}.{kind}"
 
 
-def partitions_binding(kind: Kind) -> str:
-    """What ``bargein.events`` passes to a partitioned tier's exchange of ``kind``: every ``in``."""
-    return f"*.{IN}.{kind}.#"
+def partition_sources(tier: Tier, kind: PartitionKind) -> list[tuple[str, str]]:
+    """(exchange, key): what reaches ``tier``'s partitions of ``kind``, every session's (their
+    headers exchange then sends each to its partition): as a per-session mailbox's bindings."""
+    if kind == AUDIO:
+        return [(AUDIO_EXCHANGE, f"*.{IN}.#"), (EVENTS_EXCHANGE, routing_key("*", IN, "EndCall"))]
+    return [(EVENTS_EXCHANGE, f"*.{IN}.{kind}.#")]
 
 
-def partition_queue(tier: Tier, partition: int, kind: Kind) -> str:
+def partition_queue(tier: Tier, partition: int, kind: PartitionKind) -> str:
     return f"bargein.partition.{tier}.{partition}.{kind}"
 
 
