@@ -178,8 +178,8 @@ class BrokerSettings(_Base):
     )
     mailboxes: Literal["session", "partitioned"] = Field(
         default="session",
-        description="The reasoning tier's mailboxes: a queue pair per session, or partitions shared by many "
-        "(docs/operations.md, 'Partitioned mailboxes'); the same in every process.",
+        description="The speech and reasoning tiers' mailboxes: queues per session, or partitions shared by "
+        "many (docs/operations.md, 'Partitioned mailboxes'); the same in every process.",
     )
     partitions: int = Field(
         default=16,
