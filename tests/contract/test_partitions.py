@@ -103,6 +103,34 @@ async def test_a_sessions_start_comes_down_its_partition_ahead_of_what_it_is_sen
     assert order == [f"start {s}", "hello"]
 
 
+async def test_a_start_its_worker_failed_to_take_is_offered_again_before_what_follows(
+    bus: Bus, session: Session
+) -> None:
+    """A start that fails (Redis away as the worker records the session) is not lost, nor
+    overtaken by the session's messages."""
+    s = in_partition(session, 0, "s")
+    publisher, consumer = (
+        await bus.transport(partitions=PARTITIONS),
+        await bus.transport(partitions=PARTITIONS),
+    )
+    order: list[str] = []
+
+    async def flaky(info: bytes) -> bool:
+        order.append("offered")
+        if order.count("offered") == 1:
+            raise ConnectionError("Redis is away")
+        return True
+
+    async def handle(envelope: Envelope, event: Event) -> None:
+        order.append(what(event))
+
+    await publisher.publish_session_start(TIER_REASONING, SessionInfo(s).encode())
+    await publisher.publish(Envelope.wrap(s, text("hello")), IN)
+    await consumer.open_partition(TIER_REASONING, 0, handle, flaky)
+    await until(lambda: len(order) == 3)
+    assert order == ["offered", "offered", "hello"]
+
+
 async def test_what_the_consumer_cannot_take_yet_comes_again_and_the_consumer_goes_on(
     bus: Bus, session: Session
 ) -> None:

@@ -11,14 +11,19 @@ same behaviour.
 from __future__ import annotations
 
 import enum
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from bargein.agent.events import Event
+from bargein.errors import EnvelopeError
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import PARTITIONED_TIERS, Direction, Tier
+from bargein.wire.session_info import SessionInfo
+
+log = logging.getLogger("bargein.transport")
 
 Handler = Callable[[Envelope, Event], Awaitable[None]]
 StartHandler = Callable[[bytes], Awaitable[bool]]
@@ -26,6 +31,25 @@ StartHandler = Callable[[bytes], Awaitable[bool]]
 # A partition's message its handler could not take yet (NotOwner: the session's previous owner
 # still holds it) is tried again after this long, while the partition waits behind it.
 PUT_BACK_AFTER_S: Final = 0.1
+
+
+async def offer_start(
+    body: bytes, queue: str, on_start: StartHandler, dead_letter: Callable[[EnvelopeError], Awaitable[None]]
+) -> bool | None:
+    """Offer a session start found in a partition to ``on_start``: whether it was taken, or None
+    when it failed (Redis away, say: it is tried again, as one not taken is). One that cannot be
+    read goes to ``dead_letter`` and counts as taken (nothing would ever take it)."""
+    try:
+        SessionInfo.decode(body)
+        return await on_start(body)
+    except EnvelopeError as exc:
+        await dead_letter(exc)
+        return True
+    except Exception as exc:
+        log.warning("a session start in %s failed (%s: %s); trying it again", queue, type(exc).__name__, exc)
+        return None
+
+
 # A speech partition holds at most this many speech mailboxes' worth of audio frames
 # (BARGEIN_AUDIO_MAILBOX_FRAMES each), the oldest dropped first: its sessions' audio comes in turn.
 AUDIO_PARTITION_MAILBOXES: Final = 16

@@ -70,6 +70,7 @@ from bargein.transport.abc import (
     Subscription,
     Subscriptions,
     Transport,
+    offer_start,
 )
 from bargein.transport.amqp_address import FailoverConnection, connect_robust
 from bargein.wire.envelope import (
@@ -204,6 +205,8 @@ class _Consumer(Subscription):
             return False
         if self._underlay is None:  # robust (session starts, edge queue): aio-pika restores it
             return True
+        if not self._tag:  # its basic.consume is on its way, and the broker delivers before it answers
+            return not self._underlay.is_closed
         return not self._underlay.is_closed and self._tag in getattr(self._underlay, "consumers", {})
 
     @property
@@ -997,18 +1000,14 @@ class AmqpTransport(Transport):
     async def _start(self, message: _Delivery, queue: str, on_start: StartHandler) -> bool:
         """A session start in a partition: False to have it again later (the handler had no room,
         or failed: Redis away, say); one that cannot be read is dead-lettered."""
-        try:
-            SessionInfo.decode(message.body)
-            return await on_start(message.body)
-        except EnvelopeError as exc:
+
+        async def dead_letter(exc: EnvelopeError) -> None:
             await self._dead_letter(message, exc.reason, str(exc), queue)
-            return True
-        except Exception as exc:
+
+        taken = await offer_start(message.body, queue, on_start, dead_letter)
+        if taken is None:
             self.counters["partition_start_failed"] += 1
-            log.warning(
-                "a session start in %s failed (%s: %s); trying it again", queue, type(exc).__name__, exc
-            )
-            return False
+        return bool(taken)
 
     async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
         """Exclusive queues (they live and die with this process's connection), bounded: when one

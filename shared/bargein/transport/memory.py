@@ -48,6 +48,7 @@ from bargein.transport.abc import (
     Subscription,
     Subscriptions,
     Transport,
+    offer_start,
 )
 from bargein.wire.envelope import DEFAULT_MAX_BYTES, Envelope, decode, encode
 from bargein.wire.names import (
@@ -526,17 +527,14 @@ class MemoryTransport(Transport):
             box.items.remove(item)
 
     async def _start(self, box: _Mailbox, item: _Item, on_start: StartHandler) -> bool:
-        try:
-            SessionInfo.decode(item.body)
-            return await on_start(item.body)
-        except EnvelopeError as exc:
+
+        async def dead_letter(exc: EnvelopeError) -> None:
             self.broker.dead_letter(exc.reason, str(exc), item.body, box.name)
-            return True
-        except Exception as exc:
-            log.warning(
-                "a session start in %s failed (%s: %s); trying it again", box.name, type(exc).__name__, exc
-            )
-            return False
+
+        taken = await offer_start(item.body, box.name, on_start, dead_letter)
+        if taken is None:
+            self.broker.counters["partition_start_failed"] += 1
+        return bool(taken)
 
     async def open_edge_queue(self, owner: str, handler: Handler) -> EdgeQueue:
         boxes: dict[Kind, _Mailbox] = {}
