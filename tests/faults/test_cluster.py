@@ -91,7 +91,9 @@ async def test_no_call_is_lost_when_the_node_every_process_is_on_freezes(
     routed to the edge's queue on the frozen node (exclusive: it lives on the node of the edge's
     connection), and the node deletes that queue, and the chunk, as it thaws and finds the
     connection gone: 1 word of 36 missing in about half the runs. Now the next chunk shows the gap,
-    the edge holds the rest and asks the owner for the missing one (OutputMissed)."""
+    the edge holds the rest and asks the owner for the missing one (OutputMissed). Per-session
+    mailboxes only: with partitions, one run of two lost two words of an answer (not yet found;
+    docs/operations.md, "Partitioned mailboxes")."""
     sessions = [await create_session(stack.url) for _ in range(3)]
     async with contextlib_all(sessions) as sockets:
         errors = log_lines(stack, "ERROR")
@@ -113,9 +115,13 @@ async def test_no_call_is_lost_when_the_node_every_process_is_on_freezes(
         await the_conversations_go_on(redis, sessions, sockets)
     assert not new_lines(errors, log_lines(stack, "ERROR")), stack.logs()
     asked = sum("asking the owner for them again" in line for line in new_lines({}, log_lines(stack, "INFO")))
+    fresh = sum(
+        "publishing on a fresh channel" in line for line in new_lines({}, log_lines(stack, "WARNING"))
+    )
     print(
         f"recovered: every answer ended {recovered:.1f} s after the node froze ({FREEZE_S:.0f} s);"
-        f" the edge asked for lost chunks {asked} time(s)"
+        f" the edge asked for lost chunks {asked} time(s);"
+        f" publishers moved to a fresh channel {fresh} time(s)"
     )
 
 
