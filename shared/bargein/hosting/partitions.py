@@ -31,6 +31,8 @@ from bargein.wire.names import partition_lease, partition_of
 
 log = logging.getLogger("bargein.hosting.partitions")
 
+CONSUMING_CHECK_S = 0.1  # how soon a partition whose consumer stopped is consumed again
+
 
 @dataclass
 class _Held:
@@ -85,8 +87,16 @@ class PartitionKeeper:
         self._task = asyncio.create_task(self._keep(), name=f"partitions:{tier}")
 
     async def _keep(self) -> None:
+        """Balance every quarter of a lease's life; in between, consume again at once what stopped
+        (the connection came back): what waits in a partition, an edge's request for chunks it
+        missed say, must not wait for the next round."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.ttl_ms / 4000)
+            next_round = loop.time() + self.ttl_ms / 4000
+            while loop.time() < next_round:
+                await asyncio.sleep(min(CONSUMING_CHECK_S, max(0.0, next_round - loop.time())))
+                with contextlib.suppress(Exception):  # the broker is still away: the round says so
+                    await self._consume_again()
             try:
                 await self.balance()
             except Exception as exc:  # Redis away: say so once; the leases lapse if it lasts
@@ -109,12 +119,7 @@ class PartitionKeeper:
                 if not renewed.get(partition_lease(partition)):
                     log.warning("partition %d of %s: its lease was lost; letting it go", partition, tier)
                     await self._let_go(partition, lost=True)
-        for partition, held in self.held.items():
-            if not held.subscription.alive:  # the connection came back, or the broker cancelled it
-                held.subscription = await host.transport.open_partition(
-                    tier, partition, host.deliver, self.on_start
-                )
-                log.info("partition %d of %s: consuming it again", partition, tier)
+        await self._consume_again()
         workers = max(1, len(await host.store.live_workers(tier)))
         fewest, most = self.count // workers, -(-self.count // workers)
         for partition in sorted(self.held, reverse=True)[: max(0, len(self.held) - most)]:
@@ -130,6 +135,17 @@ class PartitionKeeper:
                     break
                 if await self._take(partition):
                     wanted -= 1
+
+    async def _consume_again(self) -> None:
+        """Consume again each held partition whose consumer stopped (the connection came back, or
+        the broker cancelled it)."""
+        host = self.host
+        for partition, held in list(self.held.items()):
+            if not held.subscription.alive and self.held.get(partition) is held:
+                held.subscription = await host.transport.open_partition(
+                    host.tier, partition, host.deliver, self.on_start
+                )
+                log.info("partition %d of %s: consuming it again", partition, host.tier)
 
     async def _take(self, partition: int) -> bool:
         host, tier = self.host, self.host.tier
