@@ -205,18 +205,21 @@ async def test_interrupt_does_not_wait_for_another_routes_slow_map(client: Clien
 
 
 async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, rabbitmq_url: str) -> None:
-    """Watch the raw output stream: after TurnInterrupted(1), no chunk of turn 1 is ever published."""
+    """Watch the raw output stream: after TurnInterrupted(1), no chunk of turn 1 made after it is
+    ever published. (One made before it may reach the broker after it: chunks go out in bundles on
+    the data channel, the interrupt on the control channel, and the broker orders two channels as
+    they arrive; the edge's fence drops such a chunk. Seen in about one run in ten.)"""
     caller = await start(client, tail=300, word_delay=0.005)
     connection = await aio_pika.connect(rabbitmq_url)
-    raw: list[tuple[str, int]] = []
+    raw: list[tuple[str, int, float]] = []
     async with connection:
         channel = await connection.channel()
-        queue = await channel.declare_queue(exclusive=True)  # FIFO: the order the owner published in
+        queue = await channel.declare_queue(exclusive=True)  # FIFO: the order the broker took them in
         await queue.bind(EVENTS_EXCHANGE, mailbox_binding(caller.session_id, "out"))
 
         async def record(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             envelope, _ = decode(message.body)
-            raw.append((envelope.type, envelope.turn))
+            raw.append((envelope.type, envelope.turn, envelope.ts))
             await message.ack()
 
         await queue.consume(record)
@@ -225,9 +228,10 @@ async def test_owner_publishes_nothing_of_an_interrupted_turn(client: Client, ra
         await caller.emit(UserStartedSpeaking())
         await caller.wait_interrupted(1)
         await asyncio.sleep(0.5)
-    cut = raw.index((TurnInterrupted.__name__, 1))
+    cut = next(i for i, (kind, turn, _) in enumerate(raw) if (kind, turn) == (TurnInterrupted.__name__, 1))
     assert cut > 0
-    assert [item for item in raw[cut + 1 :] if item[1] == 1] == [], raw
+    interrupted_at = raw[cut][2]
+    assert [item for item in raw[cut + 1 :] if item[1] == 1 and item[2] > interrupted_at] == [], raw
 
 
 # --- state follows the session to another process -------------------------------------------------
