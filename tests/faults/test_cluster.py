@@ -78,6 +78,7 @@ async def the_conversations_go_on(
 FREEZE_S = 20.0  # longer than BARGEIN_BROKER_WAIT_S (15 s): what a publisher waits for the broker
 
 
+@pytest.mark.timeout(240)  # the freeze, then waits of T: a hang fails its own wait, shown
 @pytest.mark.parametrize("stack", ["session", "partitioned"], indirect=True)
 async def test_no_call_is_lost_when_the_node_every_process_is_on_freezes(
     stack: FaultStack, redis: aioredis.Redis
@@ -96,6 +97,11 @@ async def test_no_call_is_lost_when_the_node_every_process_is_on_freezes(
     partitions, that request waits in the owner's partition: measured before its worker consumed
     its partitions again within 0.1 s of its connection coming back, one run of two lost two words
     (the edge gives up on missing chunks after BARGEIN_RESEND_WAIT_MS)."""
+    with stack.shown_on_failure():
+        await a_node_freezes(stack, redis)
+
+
+async def a_node_freezes(stack: FaultStack, redis: aioredis.Redis) -> None:
     sessions = [await create_session(stack.url) for _ in range(3)]
     async with contextlib_all(sessions) as sockets:
         errors = log_lines(stack, "ERROR")
