@@ -141,8 +141,12 @@ class BrokerSettings(_Base):
         default=1_000, ge=200, le=60_000, description="A worker that stops its heartbeat this long is dead."
     )
     state_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long idle session state is kept.")
-    mailbox_expiry_s: int = Field(default=3600, ge=10, description="An unused mailbox is deleted after this.")
-    max_sessions: int = Field(default=500, ge=1, description="Sessions one worker process owns at most.")
+    mailbox_expiry_s: int = Field(
+        default=3600, ge=10, description="With per-session mailboxes: an unused one is deleted after this."
+    )
+    max_sessions: int = Field(
+        default=500, ge=1, description="With per-session mailboxes: sessions one worker process owns at most."
+    )
     adopt_interval_s: float = Field(default=1.0, gt=0, description="How often a worker looks for orphans.")
     status_interval_s: float = Field(
         default=30.0, gt=0, description="How often a service logs its status line (every second at DEBUG)."
@@ -177,9 +181,9 @@ class BrokerSettings(_Base):
         description="SIGTERM: how long running turns may finish before hand-over; an edge stops within it.",
     )
     mailboxes: Literal["session", "partitioned"] = Field(
-        default="session",
-        description="The speech and reasoning tiers' mailboxes: queues per session, or partitions shared by "
-        "many (docs/operations.md, 'Partitioned mailboxes'); the same in every process.",
+        default="partitioned",
+        description="The speech and reasoning tiers' mailboxes: partitions shared by many sessions, or "
+        "queues per session (docs/operations.md, 'Partitioned mailboxes'); the same in every process.",
     )
     partitions: int = Field(
         default=16,

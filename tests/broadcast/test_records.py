@@ -31,12 +31,16 @@ async def test_an_entry_missing_at_two_looks_is_written_back_with_the_turns_the_
     for session_id in (kept, lost):
         keeper.remember(session_id, record(session_id))
         await created(store, transport, session_id)
-    live = {kept: 3, lost: 5}
-    assert await keeper.look(live) == []
+    live, epochs = {kept: 3, lost: 5}, {kept: 1, lost: 2}
+    assert await keeper.look(live, epochs) == []
     for tier in (TIER_SPEECH, TIER_REASONING):  # Redis lost the entries (and the owner died)
         await store.unregister_session(tier, lost)
-    assert await keeper.look(live) == []  # once is not enough: it may have just ended
-    assert await keeper.look(live) == [(TIER_SPEECH, lost), (TIER_REASONING, lost)]
+    store.lose_everything()  # with the epoch counters: the next owner would be epoch 1
+    for tier in (TIER_SPEECH, TIER_REASONING):
+        await store.register_session(tier, kept, record(kept))  # (its live owner's doing)
+    assert await keeper.look(live, epochs) == []  # once is not enough: it may have just ended
+    assert await keeper.look(live, epochs) == [(TIER_SPEECH, lost), (TIER_REASONING, lost)]
+    assert await store.acquire_lease(TIER_REASONING, lost, "next", 1000) == 3  # after the fence's 2
     given_back = await store.session_info(TIER_REASONING, lost)
     assert given_back is not None
     info = SessionInfo.decode(given_back)

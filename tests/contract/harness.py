@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import aio_pika
 
+from bargein.settings import BrokerSettings, load
 from bargein.tools.benchkit import delete_partitions
 from bargein.transport.abc import Transport
 from bargein.transport.amqp import AmqpTransport
@@ -88,6 +89,8 @@ class RabbitBus(Bus):
         self.partitions = 0
 
     async def transport(self, *, broker_wait_s: float = 15.0, partitions: int = 0) -> Transport:
+        if partitions and not self.partitions:  # a stack's partitions, other bounds: not this suite's
+            await delete_partitions(self.url, max(partitions, load(BrokerSettings).partitions))
         transport = await AmqpTransport.connect(
             self.url,
             audio_mailbox_frames=AUDIO_FRAMES,

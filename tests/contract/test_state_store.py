@@ -239,6 +239,28 @@ async def test_sessions_the_directory_lost_are_found_and_written_back_never_over
         await store.unregister_session(DIRECTORY_TIER, s)
 
 
+async def test_a_session_written_back_is_owned_next_under_a_later_epoch_than_the_edge_saw(
+    store: StateStore, session: Session
+) -> None:
+    """Redis lost the epoch counter with the record: a next owner at epoch 1 would be dropped by the
+    edge's fence, which had seen epoch 3. Written back with that epoch, the next owner gets 4; a
+    counter already past it is left as it is."""
+    lost, ahead = session("lost-epoch"), session("ahead-epoch")
+    for _ in range(5):
+        epoch = await store.acquire_lease(DIRECTORY_TIER, ahead, "o", 1000)
+        assert epoch is not None
+        await store.release_lease(DIRECTORY_TIER, ahead, "o", epoch)
+    restored = await store.restore_sessions(
+        DIRECTORY_TIER, {lost: b"its copy", ahead: b"its copy"}, {lost: 3, ahead: 2}
+    )
+    assert sorted(restored) == sorted([lost, ahead])
+    assert await store.acquire_lease(DIRECTORY_TIER, lost, "o", 1000) == 4
+    assert await store.acquire_lease(DIRECTORY_TIER, ahead, "o", 1000) == 6
+    for s in (lost, ahead):
+        await store.unregister_session(DIRECTORY_TIER, s)
+        await store.delete_state(DIRECTORY_TIER, s)
+
+
 async def test_a_worker_whose_heartbeat_stops_is_dead_and_its_sessions_can_be_taken_over(
     store: StateStore, session: Session
 ) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from bargein.settings import BrokerSettings
 from bargein.tools.private_brokers import (
     PrivateRabbit,
     PrivateRabbitCluster,
@@ -29,6 +30,7 @@ from bargein.tools.private_brokers import (
     PrivateSentinelRedis,
     free_port,
 )
+from bargein.wire.names import partition_headers
 from tests.integration.cluster import Cluster, ServiceProcess
 
 WORKER_READY = "ready (up to"
@@ -96,6 +98,15 @@ class FaultStack:
 
     def logs(self) -> str:
         return self.cluster.logs()
+
+    def in_headers(self, session: str) -> dict[str, str] | None:
+        """What routes a message for ``session`` to its partition, as the stack's services hash it
+        (none with a mailbox per session): what a peer of the deployment adds, broken or not."""
+        defaults = BrokerSettings.model_fields
+        env = self.cluster.env
+        if env.get("BARGEIN_MAILBOXES", defaults["mailboxes"].default) != "partitioned":
+            return None
+        return partition_headers(session, int(env.get("BARGEIN_PARTITIONS", defaults["partitions"].default)))
 
     def broker_state(self) -> str:
         """What a failure needs beside the logs: who consumes what and what waits unconfirmed on

@@ -150,8 +150,9 @@ async def test_the_dead_letter_queue_keeps_reasons_and_heads_not_whole_bodies(st
         channel = await connection.channel()
         exchange = await channel.get_exchange(EVENTS_EXCHANGE)
         junk = b"\xc1" + b"j" * (1024 * 1024)  # a megabyte: over the message limit
-        for _ in range(40):
-            await exchange.publish(aio_pika.Message(junk), routing_key(sid, "in", "AgentResponse"))
+        for _ in range(40):  # (to the session's partition, as the edge would)
+            message = aio_pika.Message(junk, headers=stack.in_headers(sid))
+            await exchange.publish(message, routing_key(sid, "in", "AgentResponse"))
         await asyncio.sleep(2)
         queue = await channel.declare_queue(DEAD_QUEUE, passive=True)
         message = await queue.get(fail=False)

@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bargein.agent.llm import DEFAULT_REPLIES
+from bargein.wire.names import TIER_REASONING, lease_key
 from tests.client import Frame, connect, create_session, recv, say, until
 from tests.faults.stack import FaultStack, fault_stack
 from tests.faults.test_handover import AGENT, owner_of, take_chunks, text_of
@@ -47,6 +48,7 @@ async def test_what_the_caller_says_while_its_owner_is_frozen_is_answered(
         for sock, log in zip(sockets, frames, strict=True):
             await until(sock, "turn_complete", log, T)
         frozen = await owner_of(redis, stack, sessions[0]["session_id"])
+        epochs = {s["session_id"]: await lease_epoch(redis, s["session_id"]) for s in sessions}
         stack.pause(frozen)
         try:
             await asyncio.sleep(PAUSE_S / 2)
@@ -71,8 +73,17 @@ async def test_what_the_caller_says_while_its_owner_is_frozen_is_answered(
             with pytest.raises(TimeoutError):
                 await recv(sock, timeout=1.0)
         assert frozen.alive()
-        for session in sessions:
-            assert (await owner_of(redis, stack, session["session_id"])).pid != frozen.pid
+        for session in sessions:  # taken from it; with partitions, maybe handed back since (anew)
+            sid = session["session_id"]
+            if (await owner_of(redis, stack, sid)).pid == frozen.pid:
+                assert stack.in_headers(sid) is not None and await lease_epoch(redis, sid) > epochs[sid]
+
+
+async def lease_epoch(redis: aioredis.Redis, session_id: str) -> int:
+    """The epoch of the session's lease (``<owner>:<epoch>``): each owner in turn has a greater one."""
+    lease = await redis.get(lease_key(TIER_REASONING, session_id))
+    assert lease is not None
+    return int(lease.decode().rsplit(":", 1)[1])
 
 
 async def test_a_thawed_owner_takes_nothing_from_the_mailbox(

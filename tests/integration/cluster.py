@@ -15,6 +15,7 @@ from pathlib import Path
 import aio_pika
 import redis
 
+from bargein.tools import benchkit
 from bargein.tools.benchkit import EDGE_READY
 from bargein.wire.names import (
     DEAD_QUEUE,
@@ -135,7 +136,10 @@ def cluster_env(rabbitmq_url: str, redis_url: str, **extra: str) -> dict[str, st
 
 def reset_shared_queues(rabbitmq_url: str, redis_url: str) -> None:
     """Start from empty session queues and directories, and an empty dead-letter queue: sessions left
-    over by earlier runs would otherwise be adopted by this stack's workers."""
+    over by earlier runs would otherwise be adopted by this stack's workers. And with no partitions,
+    nor Redis's leases and count of them: what an earlier stack left in them is not this one's,
+    and its leases would keep this stack's workers waiting for them to lapse."""
+    asyncio.run(benchkit.forget_partitions(rabbitmq_url, redis_url))
     tiers = (TIER_REASONING, TIER_SPEECH)
     client = redis.Redis.from_url(redis_url)
     client.delete(*(session_directory_key(tier) for tier in tiers))

@@ -14,11 +14,12 @@ from bargein.agent.events import AgentResponse, Event, UserStoppedSpeaking, User
 from bargein.hosting.host import owner_pid
 from bargein.hosting.sessions import create_session, forget_session
 from bargein.runtime import journal
+from bargein.settings import BrokerSettings, load
 from bargein.testing.caller import Caller
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_store import RedisStateStore
 from bargein.wire.envelope import new_session_id
-from bargein.wire.names import TIER_REASONING, Tier, lease_key
+from bargein.wire.names import TIER_REASONING, Tier, lease_key, partition_headers
 from bargein.wire.session_info import SessionInfo
 
 from .agents import notes_key
@@ -100,8 +101,12 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def connected_client(
-    rabbitmq_url: str, redis_url: str, name: str, *, partitions: int = 0
+    rabbitmq_url: str, redis_url: str, name: str, *, partitions: int | None = None
 ) -> AsyncIterator[Client]:
+    """A client of the services started with the same environment: its mailboxes as theirs (the
+    settings' unless ``partitions`` says otherwise), or its messages would reach nobody."""
+    if partitions is None:
+        partitions = load(BrokerSettings).partition_count
     transport = await AmqpTransport.connect(rabbitmq_url, name=name, partitions=partitions)
     store = RedisStateStore.from_url(redis_url)
     redis_client = aioredis.Redis.from_url(redis_url)
@@ -114,6 +119,12 @@ async def connected_client(
         await transport.close()
         await store.close()
         await redis_client.aclose()
+
+
+def in_headers(client: Client, session: str) -> dict[str, Any] | None:
+    """What routes a message for ``session`` to its partition (none with a mailbox per session)."""
+    count = client.transport.partition_count
+    return dict(partition_headers(session, count)) if count else None
 
 
 async def ask(caller: Caller, text: str) -> None:

@@ -33,10 +33,17 @@ from bargein.agent.events import SpeculationDropped, SpeculativeTurn
 from bargein.testing.caller import Caller
 from bargein.wire.envelope import Envelope, decode, encode, new_session_id
 from bargein.wire.names import (
+    DATA,
     EVENTS_EXCHANGE,
     IN,
+    PARTITION_HEADER,
+    START_HEADER,
     TIER_REASONING,
     mailbox_binding,
+    partition_of,
+    partition_queue,
+    partition_tag,
+    partitions_exchange,
     routing_key,
     session_work_queue,
 )
@@ -45,7 +52,7 @@ from bargein.wire.session_info import SessionInfo
 from ..contract.harness import RabbitBus
 from ..sdk.helpers import wait_for
 from .cluster import Cluster, cluster_env, reset_shared_queues
-from .support import Client, T, ask, chunks, connected_client, text_of
+from .support import Client, T, ask, chunks, connected_client, in_headers, text_of
 
 SEED = "bargein.examples.seed"
 
@@ -306,27 +313,51 @@ async def test_bad_messages_are_dead_lettered_and_good_traffic_flows(
     }
     await ask(caller, "before")
     assert text_of(await caller.collect_turn(timeout=T)) == "before"
-    for body in bad.values():
-        await client.transport.publish_raw(key, body)
+    for body in bad.values():  # as a broken process of the deployment would: to the session's partition
+        await client.transport.publish_raw(key, body, headers=in_headers(client, sid))
     await ask(caller, "after")
     assert text_of(await caller.collect_turn(timeout=T)) == "before after"
 
-    reasons = await dead_letter_reasons(rabbitmq_url, len(bad), sid)
+    reasons = await dead_letter_reasons(rabbitmq_url, len(bad), mailbox_of(client, sid))
     assert sorted(reasons) == sorted(bad)
+
+
+def mailbox_of(client: Client, session: str) -> str:
+    """The name (or a part of it) of the queue ``session``'s messages to the reasoning tier wait in."""
+    count = client.transport.partition_count
+    return partition_queue(TIER_REASONING, partition_of(session, count), DATA) if count else session
 
 
 async def test_bad_session_start_is_dead_lettered_and_workers_carry_on(
     client: Client, rabbitmq_url: str
 ) -> None:
     bad_id = SessionInfo("ok").encode().replace(b"ok", b"o.")  # a start whose session id is not valid
-    for body in (b"\x00garbage", bad_id):
-        await client.transport.publish_session_start(TIER_REASONING, body)
+    partitions = client.transport.partition_count
+    if partitions:  # our transport will not send them: as a broken process would, down every partition
+        await publish_bad_starts_to_partitions(rabbitmq_url, partitions, (b"\x00garbage", bad_id))
+    else:
+        for body in (b"\x00garbage", bad_id):
+            await client.transport.publish_session_start(TIER_REASONING, body)
     caller = await start(client, word_delay=0.005)  # a good start right behind the bad ones
     await ask(caller, "still working")
     assert text_of(await caller.collect_turn(timeout=T)) == "still working"
 
-    reasons = await dead_letter_reasons(rabbitmq_url, 2, session_work_queue(TIER_REASONING))
-    assert sorted(reasons) == ["bad_envelope", "bad_session"]
+    queues = "bargein.partition.reasoning." if partitions else session_work_queue(TIER_REASONING)
+    reasons = await dead_letter_reasons(rabbitmq_url, 2 * max(partitions, 1), queues)
+    assert sorted(reasons) == sorted(["bad_envelope", "bad_session"] * max(partitions, 1))
+
+
+async def publish_bad_starts_to_partitions(
+    rabbitmq_url: str, partitions: int, bodies: tuple[bytes, ...]
+) -> None:
+    connection = await aio_pika.connect(rabbitmq_url)
+    async with connection:
+        channel = await connection.channel()
+        starts = await channel.get_exchange(partitions_exchange(TIER_REASONING, DATA))
+        for partition in range(partitions):
+            headers: dict[str, Any] = {PARTITION_HEADER: partition_tag(partition), START_HEADER: "1"}
+            for body in bodies:
+                await starts.publish(aio_pika.Message(body, headers=headers), routing_key="")
 
 
 # --- speculative turns over RabbitMQ (tests/sdk/test_speculation.py holds the rest in process) ---

@@ -65,11 +65,14 @@ def test_good_values_load(monkeypatch: pytest.MonkeyPatch) -> None:
     assert llm.scripted_tokens_per_s == 100.0
 
 
-def test_partitioned_mailboxes_are_asked_for_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert load(BrokerSettings).partition_count == 0  # a mailbox per session unless asked
-    monkeypatch.setenv("BARGEIN_MAILBOXES", "partitioned")
+def test_mailboxes_are_partitioned_unless_asked_for_per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BARGEIN_MAILBOXES", raising=False)
+    monkeypatch.delenv("BARGEIN_PARTITIONS", raising=False)
+    assert load(BrokerSettings).partition_count == 16
     monkeypatch.setenv("BARGEIN_PARTITIONS", "32")
     assert load(BrokerSettings).partition_count == 32
+    monkeypatch.setenv("BARGEIN_MAILBOXES", "session")
+    assert load(BrokerSettings).partition_count == 0
 
 
 @pytest.mark.parametrize(

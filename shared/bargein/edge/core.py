@@ -1129,8 +1129,9 @@ class Edge:
                 for sid, session in self.sessions.items()
                 if session.has_caller and not session.ended
             }
+            epochs = {sid: self.sessions[sid].fence.epoch for sid in live}
             try:
-                await self.records.look(live)
+                await self.records.look(live, epochs)
             except Exception as exc:  # the store is away: looked at again next time
                 log.debug("the directory was not looked at: %s", exc)
 

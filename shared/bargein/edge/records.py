@@ -51,11 +51,16 @@ class DirectoryKeeper:
         self._missing = {(tier, s) for tier, s in self._missing if s != session_id}
         self._ended = {(tier, s) for tier, s in self._ended if s != session_id}
 
-    async def look(self, live: Mapping[str, int]) -> list[tuple[Tier, str]]:
+    async def look(
+        self, live: Mapping[str, int], epochs: Mapping[str, int] | None = None
+    ) -> list[tuple[Tier, str]]:
         """Check the directory for the ``live`` sessions (a caller connected here, not ended: each
         with the highest turn this edge has seen of it) and write back what it lost, numbering its
-        turns on after that one; the (tier, session) entries written. Raises what the store raises
-        (Redis away: the next look tries again)."""
+        turns on after that one, and its agent's owners' epochs on after ``epochs`` (the highest
+        this edge's fence has seen of each: Redis lost the counter, and a next owner at epoch 1
+        would be dropped as stale; measured with partitions, where sessions change owners more
+        often, in the fault suite's Redis loss while an owner dies); the (tier, session) entries
+        written. Raises what the store raises (Redis away: the next look tries again)."""
         for session_id in live:
             if session_id not in self.records:  # joined here, created elsewhere: learn its record
                 record = await self.store.session_info(TIER_REASONING, session_id)
@@ -75,7 +80,8 @@ class DirectoryKeeper:
                 else:
                     self._ended.add((tier, session_id))
                     log.debug("session %s: its %s side ended (no entry, no mailbox)", session_id, tier)
-            restored = await self.store.restore_sessions(tier, confirmed) if confirmed else []
+            floors = epochs if tier == TIER_REASONING else None  # (the fence is the agent's tier's)
+            restored = await self.store.restore_sessions(tier, confirmed, floors) if confirmed else []
             for session_id in restored:
                 written.append((tier, session_id))
                 self.count("directory_restored", 1)

@@ -22,6 +22,7 @@ from typing import Any
 from bargein import metrics
 from bargein.agent.events import AgentError, EndCall, Event
 from bargein.errors import AgentFailedToStart, BargeinError, NotOwner, SessionRejected
+from bargein.hosting.parked import ParkedMessages
 from bargein.hosting.sessions import forget_session
 from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
@@ -133,6 +134,8 @@ class SessionHost:
         # a partitioned tier's worker says which sessions' messages it may take (their partition is
         # its own, and it is not draining); None: any (a mailbox per session)
         self.accepts: Callable[[str], bool] | None = None
+        # a partitioned tier's messages of sessions Redis does not know (yet): hosting/parked.py
+        self.parked = ParkedMessages(self._gave_up_parked)
         self._renewal_failing = False
 
     def keep_alive(self, ttl_ms: int) -> None:
@@ -177,6 +180,14 @@ class SessionHost:
             await runtime.start()
             if not self.transport.partitions(self.tier):  # a partition's consumer hands it over
                 owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
+            while parked := self.parked.take(sid):  # (what comes meanwhile is kept behind them)
+                log.info(
+                    "session %s: handing it the %d message(s) kept while Redis did not know it",
+                    sid,
+                    len(parked),
+                )
+                for envelope, event in parked:
+                    await runtime.handle(envelope, event)
         except BaseException as exc:
             self.sessions.pop(sid, None)
             if isinstance(exc, SessionRejected):  # told while the lease vouches for its epoch
@@ -197,18 +208,29 @@ class SessionHost:
         came from another worker, or the session is new). :class:`~bargein.errors.NotOwner` puts
         the message back for later: the session's previous owner still holds it, or the partition
         is no longer this worker's (``accepts``). A message for a session that is over is dropped."""
+        self.parked.expire()
         owned = self.sessions.get(envelope.session)
-        runtime = owned.runtime if owned is not None else await self._take_for(envelope.session)
+        if owned is not None and self.parked.holds(envelope.session):  # being handed what was kept
+            self.parked.park(envelope, event)
+            return
+        runtime = owned.runtime if owned is not None else await self._take_for(envelope, event)
         if runtime is not None:
             await runtime.handle(envelope, event)
 
-    async def _take_for(self, session_id: str) -> SessionProcessor | None:
+    async def _take_for(self, envelope: Envelope, event: Event) -> SessionProcessor | None:
+        """The session's processor, taken here now; None if there is none to hand the message to
+        (kept aside when Redis does not know the session: :mod:`bargein.hosting.parked`)."""
+        session_id = envelope.session
         if self.accepts is not None and not self.accepts(session_id):
             raise NotOwner(f"session {session_id}: its partition is not this worker's")
         raw = await self.store.session_info(self.tier, session_id)
         if raw is None:
-            metrics.count(self.tier, "partition_messages_of_ended_sessions")
-            log.debug("session %s is over; dropping a message left in its partition", session_id)
+            if not self.parked.holds(session_id):
+                log.debug(
+                    "session %s is not known (ended, or lost by Redis); keeping its message a while",
+                    session_id,
+                )
+            self.parked.park(envelope, event)
             return None
         try:
             return await self.open(SessionInfo.decode(raw))
@@ -216,6 +238,11 @@ class SessionHost:
             raise NotOwner(f"session {session_id}: its previous owner still holds it") from None
         except SessionRejected:
             return None
+
+    def _gave_up_parked(self, n: int) -> None:
+        if n:
+            metrics.count(self.tier, "partition_messages_of_ended_sessions", n)
+            log.debug("dropped %d message(s) of sessions that stayed unknown (ended)", n)
 
     async def _forget_later(self, session_id: str) -> None:
         await asyncio.sleep(REJECTED_STATE_S)

@@ -21,12 +21,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 from bargein import metrics
 from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
-from bargein.transport.abc import StartHandler, Subscription
+from bargein.transport.abc import Renewal, StartHandler, Subscription
 from bargein.wire.names import partition_lease, partition_of
 
 log = logging.getLogger("bargein.hosting.partitions")
@@ -61,6 +62,7 @@ class PartitionKeeper:
         self.held: dict[int, _Held] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._restoring_until = 0.0  # (time.monotonic) Redis lost the leases: take none before
 
     def holds(self, session: str) -> bool:
         """Whether ``session``'s partition is this worker's."""
@@ -115,11 +117,15 @@ class PartitionKeeper:
         if self.held:
             leases = {partition_lease(p): held.epoch for p, held in self.held.items()}
             renewed = await host.store.renew_leases(tier, host.owner, leases, self.ttl_ms)
+            if Renewal.RESTORED in renewed.values():
+                self._redis_lost_data()
             for partition in list(self.held):
                 if not renewed.get(partition_lease(partition)):
                     log.warning("partition %d of %s: its lease was lost; letting it go", partition, tier)
                     await self._let_go(partition, lost=True)
         await self._consume_again()
+        if time.monotonic() < self._restoring_until:
+            return
         workers = max(1, len(await host.store.live_workers(tier)))
         fewest, most = self.count // workers, -(-self.count // workers)
         for partition in sorted(self.held, reverse=True)[: max(0, len(self.held) - most)]:
@@ -135,6 +141,26 @@ class PartitionKeeper:
                     break
                 if await self._take(partition):
                     wanted -= 1
+
+    def _redis_lost_data(self) -> None:
+        """A lease this worker renewed was gone (Redis restarted without persistence; or it
+        lapsed, while Redis or the broker kept this worker's rounds from running): every
+        worker's partition leases may have gone with it, and each holder takes its own back at its next
+        renewal, within a quarter of a lease's life. Until a lease's life has passed, a partition
+        that looks free is likely one of those: taking it would rob a live worker of its sessions,
+        whose conversations only that worker still holds (measured: the fault suite's Redis restart
+        with partitions lost a conversation in about one run of four when another worker, seeing
+        too few heartbeats yet, took a share that was not free). So none is taken or handed back
+        meanwhile."""
+        if time.monotonic() >= self._restoring_until:
+            log.warning(
+                "%s %s: its partitions' leases were gone (Redis lost them, or they lapsed); taking "
+                "none for %.1f s, their holders restoring them",
+                self.host.tier,
+                self.host.owner,
+                self.ttl_ms / 1000,
+            )
+        self._restoring_until = time.monotonic() + self.ttl_ms / 1000
 
     async def _consume_again(self) -> None:
         """Consume again each held partition whose consumer stopped (the connection came back, or

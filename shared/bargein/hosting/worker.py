@@ -108,7 +108,11 @@ class Worker:
             asyncio.create_task(self._watch_loop(), name=f"watch:{tier}"),
             asyncio.create_task(self._status_loop(), name=f"status:{tier}"),
         ]
-        log.info("%s worker %s ready (up to %d sessions)", tier, self.host.owner, self.max_sessions)
+        if self.partitions is not None:  # ("ready (up to": what scripts and tests wait for)
+            share = f"its share of {self.partitions.count} partitions, {len(self.partitions.held)} held now"
+            log.info("%s worker %s ready (up to %s)", tier, self.host.owner, share)
+        else:
+            log.info("%s worker %s ready (up to %d sessions)", tier, self.host.owner, self.max_sessions)
 
     async def _on_start(self, raw: bytes) -> bool:
         info = SessionInfo.decode(raw)

@@ -331,7 +331,11 @@ class _InterruptBench:
         except (AMQPError, OSError) as exc:
             raise BenchError(f"RabbitMQ is not reachable ({type(exc).__name__}: {exc})") from exc
         self.raw_channel = await self.raw_connection.channel()  # with publisher confirms, as interrupts
-        self.transport = await AmqpTransport.connect(self.rabbitmq_url, name=f"bargein-bench-{self.run_id}")
+        self.transport = await AmqpTransport.connect(  # its mailboxes as the services': the settings'
+            self.rabbitmq_url,
+            name=f"bargein-bench-{self.run_id}",
+            partitions=load(BrokerSettings).partition_count,
+        )
         self.edge_queue = await self.transport.open_edge_queue(f"bench-{self.run_id}", self.edge.on_event)
 
     async def create_sessions(self) -> None:

@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
-from bargein.settings import broker_addresses
+from bargein.settings import BrokerSettings, broker_addresses, load
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
@@ -350,12 +350,17 @@ async def delete_partitions(rabbitmq_url: str, partitions: int) -> None:
                 await channel.exchange_delete(partitions_exchange(tier, kind))
 
 
-async def forget_partitions(rabbitmq_url: str, redis_url: str, partitions: int) -> None:
+async def forget_partitions(rabbitmq_url: str, redis_url: str, partitions: int | None = None) -> None:
     """:func:`delete_partitions`, and Redis's record of them (their count, their leases): how a
-    bench or a test stack leaves the shared broker and Redis."""
-    await delete_partitions(rabbitmq_url, partitions)
+    bench or a test stack leaves the shared broker and Redis. Without ``partitions``, as many as
+    Redis records a tier ran with, or the settings name, whichever is more (partitioned mailboxes
+    are the default: every stack on the shared broker leaves some)."""
     client = async_client(redis_url, pool_size=2, timeout_s=5.0)
     try:
+        if partitions is None:
+            recorded = [int(await client.get(partition_count_key(tier)) or 0) for tier in PARTITIONED_TIERS]
+            partitions = max(*recorded, load(BrokerSettings).partitions)
+        await delete_partitions(rabbitmq_url, partitions)
         for tier in PARTITIONED_TIERS:
             await client.delete(partition_count_key(tier))
             await client.delete(*(lease_key(tier, partition_lease(p)) for p in range(partitions)))
@@ -370,7 +375,7 @@ async def forget_sessions(rabbitmq_url: str, redis_url: str, session_ids: list[s
     if not session_ids:
         return 0
     store = RedisStateStore.from_url(redis_url)
-    transport = await AmqpTransport.connect(rabbitmq_url)
+    transport = await AmqpTransport.connect(rabbitmq_url, partitions=load(BrokerSettings).partition_count)
     left = 0
     try:
         for tier in (TIER_REASONING, TIER_SPEECH):

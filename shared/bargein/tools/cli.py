@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument(
         "--mailboxes",
         choices=("session", "partitioned"),
-        default="session",
-        help="the reasoning tier's mailboxes in the stack (BARGEIN_MAILBOXES; default session)",
+        default=None,
+        help="the worker tiers' mailboxes in the stack (default: BARGEIN_MAILBOXES's, partitioned)",
     )
     scale.add_argument("--no-designs", action="store_true", help="skip the mailbox designs side by side")
     scale.add_argument(

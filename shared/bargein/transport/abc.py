@@ -344,10 +344,14 @@ class StateStore(ABC):
         """Those of ``sessions`` the directory of ``tier`` does not hold, in one round trip."""
 
     @abstractmethod
-    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+    async def restore_sessions(
+        self, tier: Tier, records: Mapping[str, bytes], epochs: Mapping[str, int] | None = None
+    ) -> list[str]:
         """Register each session of ``records`` (session -> encoded SessionInfo) that the directory
         does not hold, never overwriting one it does; the sessions written. How an edge gives
-        back a session whose records Redis lost together with its owner."""
+        back a session whose records Redis lost together with its owner. ``epochs``: the highest
+        owner epoch the edge has seen of each; a written session's next owner gets a later one
+        (Redis lost the counter too, and the edge's fence drops what an earlier epoch says)."""
 
     # --- worker liveness: a dead worker's sessions are taken over without waiting for each lease ---
 

@@ -109,8 +109,8 @@ from bargein.wire.names import (
     mailbox_binding,
     mailbox_extra_bindings,
     mailbox_queue,
+    partition_headers,
     partition_kinds,
-    partition_of,
     partition_queue,
     partition_sources,
     partition_tag,
@@ -864,7 +864,7 @@ class AmqpTransport(Transport):
     # --- partitioned mailboxes --------------------------------------------------------------------
 
     def _partition_headers(self, session: str) -> dict[str, Any]:
-        return {PARTITION_HEADER: partition_tag(partition_of(session, self.partition_count))}
+        return dict(partition_headers(session, self.partition_count))
 
     def _partition_arguments(self, kind: PartitionKind) -> dict[str, Any]:
         """Events: replicated (a quorum queue survives the loss of a minority of nodes), bounded as

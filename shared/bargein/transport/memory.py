@@ -706,10 +706,15 @@ class MemoryStateStore(StateStore):
     async def absent_sessions(self, tier: Tier, sessions: Collection[str]) -> list[str]:
         return [s for s in sessions if s not in self._directory[tier]]
 
-    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+    async def restore_sessions(
+        self, tier: Tier, records: Mapping[str, bytes], epochs: Mapping[str, int] | None = None
+    ) -> list[str]:
         directory = self._directory[tier]
         restored = [s for s in records if s not in directory]
         directory.update({s: records[s] for s in restored})
+        for session in restored:
+            floor = (epochs or {}).get(session, 0)
+            self._epochs[(tier, session)] = max(self._epochs[(tier, session)], floor)
         return restored
 
     async def orphaned_sessions(
@@ -784,6 +789,14 @@ class MemoryStateStore(StateStore):
     def expire_lease(self, tier: Tier, session: str) -> None:
         """Test hook: the owner died and its lease ran out."""
         self._leases.pop((tier, session), None)
+
+    def heartbeat_missing(self, tier: Tier, owner: str, missing: bool = True) -> None:
+        """Test hook: Redis lost this live worker's heartbeat (or, ``missing=False``, its next beat
+        wrote it back): the others do not count it meanwhile."""
+        if missing:
+            self._workers.get(tier, set()).discard(owner)
+        else:
+            self._workers.setdefault(tier, set()).add(owner)
 
     def lose_everything(self) -> None:
         """Test hook: the store restarted empty (Redis without persistence)."""

@@ -186,6 +186,17 @@ return 1
 """
 )
 
+# KEYS: epoch. ARGV: floor, epoch ttl ms (0: none). The counter is at least the floor afterwards.
+_RAISE_EPOCH = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  if tonumber(ARGV[2]) > 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+end
+return 1
+"""
+
 _SCAN_COUNT: Final = 200  # directory entries per HSCAN page (a hint to Redis)
 
 
@@ -215,6 +226,7 @@ class RedisStateStore(StateStore):
         self._timeout_s = timeout_s
         self._epoch_min_ttl_ms = epoch_min_ttl_ms
         self._acquire = client.register_script(_ACQUIRE)
+        self._raise_epoch = client.register_script(_RAISE_EPOCH)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._save = client.register_script(_SAVE)
@@ -350,7 +362,9 @@ class RedisStateStore(StateStore):
             held = await pipe.execute()
         return [name for name, there in zip(names, held, strict=True) if not there]
 
-    async def restore_sessions(self, tier: Tier, records: Mapping[str, bytes]) -> list[str]:
+    async def restore_sessions(
+        self, tier: Tier, records: Mapping[str, bytes], epochs: Mapping[str, int] | None = None
+    ) -> list[str]:
         names = list(records)
         if not names:
             return []
@@ -358,7 +372,12 @@ class RedisStateStore(StateStore):
             for name in names:
                 pipe.hsetnx(session_directory_key(tier), name, records[name])
             written = await pipe.execute()
-        return [name for name, wrote in zip(names, written, strict=True) if wrote]
+        restored = [name for name, wrote in zip(names, written, strict=True) if wrote]
+        floors = {name: (epochs or {}).get(name, 0) for name in restored}
+        for name, floor in floors.items():
+            if floor > 0:
+                await self._raise_epoch(keys=[epoch_key(tier, name)], args=[floor, self._epoch_ttl(0)])
+        return restored
 
     async def orphaned_sessions(
         self, tier: Tier, limit: int = 100, wanted: Callable[[str], bool] | None = None

@@ -156,6 +156,11 @@ def partition_tag(partition: int) -> str:
     return f"p{partition}"
 
 
+def partition_headers(session: str, partitions: int) -> dict[str, str]:
+    """The headers that route a message of ``session``'s ``in`` to its partition."""
+    return {PARTITION_HEADER: partition_tag(partition_of(session, partitions))}
+
+
 def partition_kinds(tier: Tier) -> tuple[PartitionKind, ...]:
     """The queues each of ``tier``'s partitions is; the first takes the tier's session starts."""
     return (AUDIO,) if tier == TIER_SPEECH else (DATA, CONTROL)
