@@ -115,19 +115,19 @@ class PartitionKeeper:
         toward this worker's share: hand back extras, take free partitions."""
         host, tier = self.host, self.host.tier
         if self.held:
-            leases = {partition_lease(p): held.epoch for p, held in self.held.items()}
+            asked = dict(self.held)  # (one taken from a dead worker meanwhile was not asked about)
+            leases = {partition_lease(p): held.epoch for p, held in asked.items()}
             renewed = await host.store.renew_leases(tier, host.owner, leases, self.ttl_ms)
             if Renewal.RESTORED in renewed.values():
                 self._redis_lost_data()
-            for partition in list(self.held):
-                if not renewed.get(partition_lease(partition)):
+            for partition, held in asked.items():
+                if self.held.get(partition) is held and not renewed[partition_lease(partition)]:
                     log.warning("partition %d of %s: its lease was lost; letting it go", partition, tier)
                     await self._let_go(partition, lost=True)
         await self._consume_again()
         if time.monotonic() < self._restoring_until:
             return
-        workers = max(1, len(await host.store.live_workers(tier)))
-        fewest, most = self.count // workers, -(-self.count // workers)
+        fewest, most = await self._share()
         for partition in sorted(self.held, reverse=True)[: max(0, len(self.held) - most)]:
             await self._let_go(partition, lost=False)
         if len(self.held) < most:
@@ -141,6 +141,28 @@ class PartitionKeeper:
                     break
                 if await self._take(partition):
                     wanted -= 1
+
+    async def _share(self) -> tuple[int, int]:
+        """The fewest and the most partitions this worker should hold: the partitions over the live
+        workers, rounded down and up."""
+        workers = max(1, len(await self.host.store.live_workers(self.host.tier)))
+        return self.count // workers, -(-self.count // workers)
+
+    async def take_from_dead(self, dead: str) -> int:
+        """Take the partitions of ``dead``, a worker whose heartbeat stopped, up to this worker's
+        share, without waiting for their leases to lapse (twice the liveness TTL): its sessions
+        then resume within about the liveness TTL, as with a mailbox per session. Measured
+        before: 2.6 s from a kill to the first resumed chunk against 1.x per-session (the fault
+        suite's two-second test, partitioned). How many were taken."""
+        if time.monotonic() < self._restoring_until or not self.running:
+            return 0
+        most, taken = (await self._share())[1], 0
+        for partition in range(self.count):
+            if len(self.held) >= most:
+                break
+            if partition not in self.held and await self._take(partition, replacing=dead):
+                taken += 1
+        return taken
 
     def _redis_lost_data(self) -> None:
         """A lease this worker renewed was gone (Redis restarted without persistence; or it
@@ -173,9 +195,12 @@ class PartitionKeeper:
                 )
                 log.info("partition %d of %s: consuming it again", partition, host.tier)
 
-    async def _take(self, partition: int) -> bool:
+    async def _take(self, partition: int, *, replacing: str | None = None) -> bool:
+        """Take a free partition (or one ``replacing``, a dead worker, holds)."""
         host, tier = self.host, self.host.tier
-        epoch = await host.store.acquire_lease(tier, partition_lease(partition), host.owner, self.ttl_ms)
+        epoch = await host.store.acquire_lease(
+            tier, partition_lease(partition), host.owner, self.ttl_ms, replacing=replacing
+        )
         if epoch is None:
             return False
         try:

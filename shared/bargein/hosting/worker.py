@@ -188,6 +188,8 @@ class Worker:
         for dead in await store.dead_workers(tier):
             if dead == self.host.owner:
                 continue
+            if self.partitions is not None:  # its partitions first: then its sessions are ours
+                await self.partitions.take_from_dead(dead)
             for session_id in await store.owned_sessions(tier, dead):
                 if self.room <= 0:
                     return taken
