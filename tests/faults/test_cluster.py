@@ -36,6 +36,10 @@ T = 60.0
 def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[FaultStack]:
     """A cluster of its own for each test: each does its fault to the node every process is on."""
     base = Path(tmp_path_factory.mktemp("cluster"))
+    mailboxes = getattr(request, "param", "session")
+    # partitions: as docs/operations.md advises for a cluster whose node may stall (its partitions
+    # are consumed again 2-3 s after the thaw, and a chunk asked for again comes from there)
+    wait = {"BARGEIN_RESEND_WAIT_MS": "4000"} if mailboxes == "partitioned" else {}
     with fault_stack(
         base,
         reasoning=2,
@@ -43,7 +47,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         BARGEIN_AGENT=AGENT,
         rabbit_nodes=3,
         rabbit_policy=MIRRORING_POLICY,
-        BARGEIN_MAILBOXES=getattr(request, "param", "session"),
+        BARGEIN_MAILBOXES=mailboxes,
+        **wait,
     ) as running:
         yield running
 

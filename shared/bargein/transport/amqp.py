@@ -131,6 +131,11 @@ OUTLET_IN_FLIGHT = 1  # bundles to one edge awaiting their confirms at once; mor
 ROUTES_KEPT = 65_536  # which edge each session's caller is on: forgotten wholesale beyond this
 RECONNECT_INTERVAL_S = 1.0
 QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
+# A partition's basic.consume unanswered this long is given up (aiormq closes its channel; aio-pika
+# opens another) and tried again by the partition's keeper: after a node's stall, RabbitMQ 3.10
+# left one unanswered for good, and the worker consumed none of its partitions again (the edge's
+# request for chunks it missed waited there: two words of an answer lost, the freeze fault test)
+PARTITION_CONSUME_WAIT_S = 2.0
 # A partition's confirm comes in milliseconds, a leader election's in about one second: one not come
 # after this long is stuck (see AmqpTransport._publish_to_partition), and published again
 STUCK_CONFIRM_S = 2.0
@@ -933,7 +938,13 @@ class AmqpTransport(Transport):
             name = partition_queue(tier, partition, kind)
             consumer = _Consumer(channel.basic_cancel, "", channel)
             on_message = self._partition_consumer(channel, name, handler, on_start, consumer)
-            consuming = await channel.basic_consume(name, on_message)
+            try:
+                consuming = await channel.basic_consume(name, on_message, timeout=PARTITION_CONSUME_WAIT_S)
+            except BaseException:
+                for started in consumers:  # (gone with the channel, if it closed)
+                    with contextlib.suppress(Exception):
+                        await started.cancel()
+                raise
             consumer._tag = consuming.consumer_tag
             consumers.append(consumer)
         return Subscriptions(consumers)
