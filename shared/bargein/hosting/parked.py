@@ -51,7 +51,6 @@ class ParkedMessages:
         return session in self._kept
 
     def park(self, envelope: Envelope, event: Event) -> None:
-        self.expire()
         session = envelope.session
         kept = self._kept.get(session)
         if kept is None:
@@ -67,7 +66,7 @@ class ParkedMessages:
         return list(self._kept.pop(session, ()))
 
     def expire(self) -> None:
-        """Give up what waited past its time."""
+        """Give up what waited past its time (its owner calls this for every message it takes)."""
         now = time.monotonic()
         for session in [s for s, until in self._until.items() if until <= now]:
             self.on_dropped(len(self.take(session)))

@@ -373,10 +373,14 @@ class RedisStateStore(StateStore):
                 pipe.hsetnx(session_directory_key(tier), name, records[name])
             written = await pipe.execute()
         restored = [name for name, wrote in zip(names, written, strict=True) if wrote]
-        floors = {name: (epochs or {}).get(name, 0) for name in restored}
-        for name, floor in floors.items():
-            if floor > 0:
-                await self._raise_epoch(keys=[epoch_key(tier, name)], args=[floor, self._epoch_ttl(0)])
+        floors = [(name, floor) for name in restored if (floor := (epochs or {}).get(name, 0)) > 0]
+        if floors:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name, floor in floors:
+                    await self._raise_epoch(
+                        keys=[epoch_key(tier, name)], args=[floor, self._epoch_ttl(0)], client=pipe
+                    )
+                await pipe.execute()
         return restored
 
     async def orphaned_sessions(
