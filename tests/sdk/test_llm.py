@@ -30,8 +30,11 @@ from bargein.agent.llm import (
     LLMError,
     OpenAICompatibleLLM,
     ScriptedLLM,
+    close_shared_llms,
     llm_from_settings,
+    shared_llm,
 )
+from bargein.agent.nodes import ReasoningNode
 from bargein.errors import BargeinError
 from bargein.settings import LLMSettings
 
@@ -180,6 +183,7 @@ class FakeOpenAIServer:
         self.tokens = 200
         self.token_delay = 0.01
         self.requests: list[dict[str, Any]] = []
+        self.peers: list[tuple[str, int] | None] = []  # each request's client address: its connection
         self.streams: list[StreamRecord] = []
         self.base_url = ""
         self.app = Starlette(
@@ -199,6 +203,7 @@ class FakeOpenAIServer:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        self.peers.append((request.client.host, request.client.port) if request.client else None)
         record = StreamRecord(planned=self.tokens)
         self.streams.append(record)
         model = body.get("model", "?")
@@ -429,3 +434,28 @@ def test_llm_from_settings_explicit_settings() -> None:
     assert isinstance(llm_from_settings(LLMSettings(llm_base_url=None)), ScriptedLLM)
     client = llm_from_settings(LLMSettings(llm_base_url="http://127.0.0.1:1/v1"))
     assert isinstance(client, OpenAICompatibleLLM)
+
+
+async def test_sessions_share_one_client_and_its_connection(
+    monkeypatch: pytest.MonkeyPatch, server: FakeOpenAIServer
+) -> None:
+    """Every session's nodes stream from the process's one client: building one per session cost
+    each session start 30 ms of CPU (the HTTP client's TLS set-up) and left a connection pool per
+    session open. Three sessions' answers go over one kept-alive connection."""
+    monkeypatch.setenv("BARGEIN_LLM_BASE_URL", server.base_url)
+    server.tokens, server.token_delay = 2, 0.001
+    nodes = [ReasoningNode() for _ in range(3)]
+    try:
+        for node in nodes:
+            answer = await collect(node.llm_client.generate_stream(MESSAGES))
+            assert "".join(answer) == server.expected_text(2)
+        assert nodes[0].llm_client is nodes[1].llm_client is nodes[2].llm_client
+        assert len(server.peers) == 3 and len(set(server.peers)) == 1, server.peers
+        monkeypatch.setenv("BARGEIN_LLM_MODEL", "another")  # other settings: another client
+        other = ReasoningNode().llm_client
+        assert isinstance(other, OpenAICompatibleLLM) and other.model == "another"
+        assert other is not nodes[0].llm_client
+    finally:
+        await close_shared_llms()
+    assert shared_llm() is not nodes[0].llm_client  # closed clients are not handed out again
+    await close_shared_llms()

@@ -23,14 +23,17 @@ Two implementations:
 * :class:`OpenAICompatibleLLM` streams chat completions from any OpenAI-compatible server.
 
 :func:`llm_from_settings` picks between them from ``BARGEIN_LLM_*`` settings: with no base URL the
-scripted client is used, so nothing else needs to be installed or running.
+scripted client is used, so nothing else needs to be installed or running. :func:`shared_llm` is
+the one client a process's sessions share (a node's default).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self, cast
@@ -40,7 +43,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from bargein import metrics, tracing
 from bargein.errors import BargeinError
-from bargein.settings import LLMSettings, load
+from bargein.settings import PREFIX, LLMSettings, load
 
 __all__ = [
     "DEFAULT_REPLIES",
@@ -49,7 +52,9 @@ __all__ = [
     "LLMError",
     "OpenAICompatibleLLM",
     "ScriptedLLM",
+    "close_shared_llms",
     "llm_from_settings",
+    "shared_llm",
 ]
 
 Messages = Sequence[Mapping[str, str]]
@@ -270,3 +275,37 @@ def llm_from_settings(settings: LLMSettings | None = None) -> LLMClient:
     if settings.llm_base_url and settings.llm_base_url.strip():
         return OpenAICompatibleLLM.from_settings(settings)
     return ScriptedLLM.from_settings(settings)
+
+
+# The clients sessions share, per event loop (an HTTP client's pool belongs to the loop it was made
+# in) and per value of the LLM variables (a test may change them; a service never does).
+_LLM_VARIABLES = tuple(f"{PREFIX}{name.upper()}" for name in LLMSettings.model_fields)
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str | None, ...], LLMClient]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_llm() -> LLMClient:
+    """The environment's client, one for every session of the process: what a node without a
+    client of its own streams from. A client per session cost each session start 30 ms of CPU
+    with an OpenAI-compatible server (its HTTP client's TLS set-up), and a connection pool per
+    session that was never closed; one client keeps a few connections warm for all. Outside an
+    event loop, a new client (nothing to share it with)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return llm_from_settings()
+    key = tuple(os.environ.get(name) for name in _LLM_VARIABLES)
+    clients = _shared.setdefault(loop, {})
+    client = clients.get(key)
+    if client is None:
+        client = clients[key] = llm_from_settings()
+    return client
+
+
+async def close_shared_llms() -> None:
+    """Close the running loop's shared clients (their pooled connections): a service stopping."""
+    for client in _shared.pop(asyncio.get_running_loop(), {}).values():
+        aclose = getattr(client, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -29,7 +29,7 @@ from bargein.agent.events import (
     Event,
     UserTranscriptionReceived,
 )
-from bargein.agent.llm import LLMClient, llm_from_settings
+from bargein.agent.llm import LLMClient, shared_llm
 from bargein.agent.message import Message
 from bargein.agent.turn import current_run
 
@@ -159,7 +159,8 @@ class ReasoningNode(Node):
     Subclasses implement ``async def process_context(self, context)`` yielding ``AgentResponse``.
     The default implementation streams ``generate_response(context)``, which streams
     ``self.llm_client`` (an OpenAI-compatible server when ``BARGEIN_LLM_BASE_URL`` is set, the
-    scripted client otherwise).
+    scripted client otherwise; by default the client every session of the process shares,
+    :func:`~bargein.agent.llm.shared_llm`).
     """
 
     def __init__(
@@ -185,7 +186,7 @@ class ReasoningNode(Node):
     @property
     def llm_client(self) -> LLMClient:
         if self._llm_client is None:
-            self._llm_client = llm_from_settings()
+            self._llm_client = shared_llm()
         return self._llm_client
 
     @llm_client.setter

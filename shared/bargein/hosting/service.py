@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 
 from bargein import tracing
+from bargein.agent.llm import close_shared_llms
 from bargein.errors import SettingsError
 from bargein.hosting.host import ProcessorFactory, SessionHost, agent_sessions, default_owner_id
 from bargein.hosting.loader import load_agent
@@ -86,6 +87,8 @@ async def serve(tier: Tier, build: FactoryBuilder, core: CoreSettings, broker: B
             await store.close()
         with contextlib.suppress(Exception):
             await transport.close()
+        with contextlib.suppress(Exception):
+            await close_shared_llms()
     log.info("%s service stopped", tier)
 
 
