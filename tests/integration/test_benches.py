@@ -63,6 +63,18 @@ async def test_throughput_bench_runs_and_reports(rabbitmq_url: str, redis_url: s
     assert bench_sessions_left(redis_url, f"bench{result['run_id']}") == []
 
 
+def test_the_sessions_bench_runs_its_stack_on_a_model_server() -> None:
+    """``--llm server``: the agent's answers come over HTTP from the bench's model server (the
+    path a deployment takes, which the scripted model in process never paid), every session's."""
+    done = run_cli("bench", "sessions", "--sessions", "4", "--concurrency", "2", "--llm", "server")
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    assert re.search(r"the agent's model: an OpenAI-compatible server at http://127\.0\.0\.1:\d+/v1", report)
+    assert re.search(r"sessions created per second \(with the first answer\): \d", report), report
+    answered = re.search(r"the model server streamed (\d+) answers", report)
+    assert answered is not None and int(answered.group(1)) >= 4, report
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bargein.tools.cli", *args],

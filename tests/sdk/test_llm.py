@@ -184,6 +184,8 @@ class FakeOpenAIServer:
         self.token_delay = 0.01
         self.requests: list[dict[str, Any]] = []
         self.peers: list[tuple[str, int] | None] = []  # each request's client address: its connection
+        self.odd_events: list[object] = []  # sent after the role, before the text (other servers')
+        self.error_after: int | None = None  # an error event in the stream after this many tokens
         self.streams: list[StreamRecord] = []
         self.base_url = ""
         self.app = Starlette(
@@ -221,7 +223,12 @@ class FakeOpenAIServer:
         async def events() -> AsyncIterator[str]:
             try:
                 yield event({"role": "assistant", "content": ""})  # like OpenAI: role first, no text
+                for odd in self.odd_events:
+                    yield f"data: {json.dumps(odd)}\n\n"
                 for i in range(record.planned):
+                    if i == self.error_after:
+                        yield f"data: {json.dumps({'error': {'message': 'overloaded'}})}\n\n"
+                        return
                     await asyncio.sleep(self.token_delay)
                     yield event({"content": self.token(i)})
                     record.sent += 1
@@ -399,6 +406,34 @@ async def test_openai_unreachable_server_raises_llm_error(server: FakeOpenAIServ
             await collect(client.generate_stream(MESSAGES))
     finally:
         await client.aclose()
+
+
+async def test_events_that_carry_no_text_are_skipped(
+    llm: OpenAICompatibleLLM, server: FakeOpenAIServer
+) -> None:
+    """What servers other than OpenAI stream besides text (usage with no choices, a choice with no
+    delta, a null content, a filter result) adds nothing to the answer and breaks nothing."""
+    server.tokens, server.token_delay = 3, 0.001
+    server.odd_events = [
+        {"choices": [], "usage": {"prompt_tokens": 3}},
+        {"choices": [{"index": 0, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": None}}]},
+        {"choices": [{"index": 0, "delta": {"content": 7}}]},
+        {"prompt_filter_results": [{"prompt_index": 0}]},
+        [],
+    ]
+    assert "".join(await collect(llm.generate_stream(MESSAGES))) == server.expected_text(3)
+
+
+async def test_an_error_in_the_stream_is_an_llm_error(
+    llm: OpenAICompatibleLLM, server: FakeOpenAIServer
+) -> None:
+    server.tokens, server.token_delay, server.error_after = 5, 0.001, 2
+    got: list[str] = []
+    with pytest.raises(LLMError, match="overloaded"):
+        async for chunk in llm.generate_stream(MESSAGES):
+            got.append(chunk.text)
+    assert "".join(got) == server.expected_text(2)
 
 
 # --------------------------------------------------------------------------------------------------

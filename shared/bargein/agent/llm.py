@@ -36,10 +36,9 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Self, cast
+from typing import Protocol, Self
 
 import openai
-from openai.types.chat import ChatCompletionMessageParam
 
 from bargein import metrics, tracing
 from bargein.errors import BargeinError
@@ -217,11 +216,20 @@ class OpenAICompatibleLLM:
         first = True
         span = tracing.start_span("llm request", model=self.model, messages=len(messages))
         try:
-            stream = await self._client.chat.completions.create(
-                model=self.model,
-                messages=cast("list[ChatCompletionMessageParam]", [dict(m) for m in messages]),
+            # The stream's events as they are sent (dicts), not as the SDK's typed chunks: building
+            # a typed model of every token cost ~0.3 ms of CPU, most of what streaming an answer
+            # costs the reasoning tier (docs/architecture.md, "What a session start costs").
+            stream = await self._client.post(
+                "/chat/completions",
+                body={
+                    "model": self.model,
+                    "messages": [dict(m) for m in messages],
+                    "stream": True,
+                    **({} if self.temperature is None else {"temperature": self.temperature}),
+                },
+                cast_to=object,
                 stream=True,
-                temperature=openai.omit if self.temperature is None else self.temperature,
+                stream_cls=openai.AsyncStream[object],
             )
         except BaseException as exc:
             if span is not None:
@@ -233,11 +241,8 @@ class OpenAICompatibleLLM:
         # yield), the response is closed, dropping the connection so the server stops generating.
         try:
             async for event in stream:
-                # Servers differ in what else they stream (role-only first deltas, usage chunks with
-                # no choices, filter results without a delta): only non-empty text is passed on.
-                delta = getattr(event.choices[0], "delta", None) if event.choices else None
-                text = getattr(delta, "content", None)
-                if isinstance(text, str) and text:
+                text = _delta_text(event)
+                if text:
                     if first:
                         first = False
                         waited = time.monotonic() - asked
@@ -265,6 +270,17 @@ class OpenAICompatibleLLM:
         if isinstance(exc, openai.APIConnectionError):
             return LLMError(f"{where} could not be reached: {exc.__cause__ or exc}")
         return LLMError(f"{where} failed: {exc}")
+
+
+def _delta_text(event: object) -> str | None:
+    """The text a streamed chat completion event adds, if any. Servers differ in what else they
+    stream (role-only first deltas, usage events with no choices, filter results without a delta):
+    only non-empty text counts."""
+    choices = event.get("choices") if isinstance(event, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    text = delta.get("content") if isinstance(delta, dict) else None
+    return text if isinstance(text, str) and text else None
 
 
 def llm_from_settings(settings: LLMSettings | None = None) -> LLMClient:

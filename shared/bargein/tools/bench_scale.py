@@ -42,6 +42,7 @@ from bargein.settings import BrokerSettings, load
 from bargein.tools import bench_mailboxes as designs
 from bargein.tools.bench_sessions import (
     SETTLE_S,
+    LLMChoice,
     _SessionsBench,
     broker_eval,
     broker_nodes,
@@ -132,8 +133,10 @@ class _ScaleBench:
         design_sessions: int,
         samples: int,
         out: TextIO,
+        llm: LLMChoice = "scripted",
     ) -> None:
         self.levels = levels
+        self.llm = llm
         self.active = active
         self.active_s = active_s
         self.cluster = cluster
@@ -153,9 +156,10 @@ class _ScaleBench:
 
     async def run(self) -> dict[str, Any]:
         where = "a private 3-node cluster (mirrored)" if self.cluster else "one node (the configured broker)"
+        model = "over HTTP" if self.llm == "server" else "in process"
         self.say(
             f"bench scale on {where}: idle levels {', '.join(map(str, self.levels))}, {self.active} active,"
-            f" {self.mailboxes} mailboxes"
+            f" {self.mailboxes} mailboxes, the agent's model {model}"
         )
         if not self.cluster:
             self.nodes = await broker_nodes(self.rabbitmq_url)
@@ -210,6 +214,7 @@ class _ScaleBench:
             rabbitmq_url=self.rabbitmq_url,
             redis_url=self.redis_url,
             out=self.out,
+            llm=self.llm,
         )
         bench.rabbit_nodes = self.nodes
         bench.env["BARGEIN_MAILBOXES"] = self.mailboxes
@@ -466,6 +471,7 @@ async def run_scale_bench(
     design_sessions: int = DESIGN_SESSIONS,
     samples: int = SAMPLES,
     out: TextIO | None = None,
+    llm: LLMChoice = "scripted",
 ) -> dict[str, Any]:
     if not levels or min(levels) < 1 or active < 0:
         raise ValueError("levels must be at least 1, active at least 0")
@@ -480,6 +486,7 @@ async def run_scale_bench(
         design_sessions=design_sessions,
         samples=samples,
         out=out if out is not None else sys.stdout,
+        llm=llm,
     )
     return await bench.run()
 

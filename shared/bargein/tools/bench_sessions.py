@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import httpx
 import redis.asyncio as aioredis
@@ -43,6 +43,7 @@ from bargein.tools.benchkit import (
     run_main,
     say,
     scripted_stack_env,
+    start_llm_server,
     start_service,
 )
 from bargein.transport import amqp_address
@@ -53,6 +54,10 @@ log = logging.getLogger("bargein.bench")
 SETTLE_S = 3.0  # after the last session, before memory is read (queues and buffers settle)
 T = 60.0
 SERVICES = ("reasoning", "speech", "broadcast")
+# the agent's model: the scripted client in the reasoning process, or the same answers from an
+# OpenAI-compatible server (bargein.tools.llm_server) over HTTP, the path a deployment takes
+LLMChoice = Literal["scripted", "server"]
+LLM_CHOICES: tuple[LLMChoice, ...] = ("scripted", "server")
 HANG_UP_WAIT_S = 60.0  # for the services to end every session after the callers hung up
 
 
@@ -158,9 +163,17 @@ def _cluster_listening_on(node: str | None, port: int) -> list[str]:
 
 class _SessionsBench:
     def __init__(
-        self, *, sessions: int, concurrency: int, rabbitmq_url: str, redis_url: str, out: TextIO
+        self,
+        *,
+        sessions: int,
+        concurrency: int,
+        rabbitmq_url: str,
+        redis_url: str,
+        out: TextIO,
+        llm: LLMChoice = "scripted",
     ) -> None:
         self.n_sessions = sessions
+        self.llm = llm
         self.concurrency = concurrency
         self.rabbitmq_url = rabbitmq_url
         self.redis_url = redis_url
@@ -302,16 +315,33 @@ class _SessionsBench:
                 self.say(f"  the broker's memory is read on {', '.join(self.rabbit_nodes) or 'no node'}")
                 if not self.rabbit_nodes:
                     self.say(f"  (rabbitmqctl here reaches no node listening at {self.rabbitmq_url})")
+            if self.llm == "server":  # the agent's answers over HTTP, as in a deployment
+                self.children["llm"], url = await start_llm_server(self.processes)
+                self.env["BARGEIN_LLM_BASE_URL"] = url
+                self.say(f"  the agent's model: an OpenAI-compatible server at {url}")
             for service in SERVICES:
                 self.children[service] = await start_service(self.processes, service, service, self.env)
             await asyncio.sleep(SETTLE_S)
             yield await self.memory()
         finally:
             await self.hang_up()
+            if "llm" in self.children:
+                await self.say_model_answers()
             await self.processes.stop()
             if self.redis is not None:
                 await self.redis.aclose()
             await forget_sessions(self.rabbitmq_url, self.redis_url, self.session_ids, self.out)
+
+    async def say_model_answers(self) -> None:
+        """How many answers the model server streamed: the stack asked it, not a model of its own."""
+        url = self.env["BARGEIN_LLM_BASE_URL"].removesuffix("/v1") + "/stats"
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                answered = (await client.get(url)).json()["answered"]
+        except Exception as exc:  # the bench's numbers stand without it
+            self.say(f"  the model server could not say how many it answered ({type(exc).__name__})")
+            return
+        self.say(f"  the model server streamed {answered} answers")
 
     async def run(self) -> dict[str, Any]:
         self.say(f"bench sessions (run {self.run_id}): {self.n_sessions} sessions")
@@ -360,6 +390,7 @@ async def run_sessions_bench(
     rabbitmq_url: str | None = None,
     redis_url: str | None = None,
     out: TextIO | None = None,
+    llm: LLMChoice = "scripted",
 ) -> dict[str, Any]:
     """Run the bench and return its numbers (also printed to ``out``, default stdout)."""
     if sessions < 1 or concurrency < 1:
@@ -371,10 +402,11 @@ async def run_sessions_bench(
         rabbitmq_url=rabbitmq_url or broker.rabbitmq_url,
         redis_url=redis_url or broker.redis_url,
         out=out if out is not None else sys.stdout,
+        llm=llm,
     )
     return await bench.run()
 
 
-def sessions_main(sessions: int = 1000, concurrency: int = 20) -> int:
+def sessions_main(sessions: int = 1000, concurrency: int = 20, llm: LLMChoice = "scripted") -> int:
     """``bargein bench sessions``: run the bench, print the report."""
-    return run_main(lambda: run_sessions_bench(sessions, concurrency), "sessions")
+    return run_main(lambda: run_sessions_bench(sessions, concurrency, llm=llm), "sessions")

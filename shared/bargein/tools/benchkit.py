@@ -24,6 +24,7 @@ from aio_pika.abc import AbstractRobustConnection
 from bargein.errors import BargeinError
 from bargein.hosting.sessions import forget_session
 from bargein.settings import BrokerSettings, broker_addresses, load
+from bargein.tools.llm_server import READY as LLM_SERVER_READY
 from bargein.transport.amqp import AmqpTransport
 from bargein.transport.redis_address import async_client
 from bargein.transport.redis_store import RedisStateStore
@@ -314,6 +315,16 @@ async def start_service(processes: Processes, service: str, name: str, env: dict
             raise BenchError(f"{name} did not say where it listens:\n{child.last_output()}")
         child.url = match.group(1)
     return child
+
+
+async def start_llm_server(processes: Processes) -> tuple[Child, str]:
+    """An OpenAI-compatible server answering as the scripted model does
+    (:mod:`bargein.tools.llm_server`), as a child: the stack's ``BARGEIN_LLM_BASE_URL``."""
+    port = free_port()
+    args = [sys.executable, "-m", "bargein.tools.llm_server", "--port", str(port)]
+    child = await processes.start("llm", args, dict(os.environ), LLM_SERVER_READY)
+    await processes.wait_ready(child)
+    return child, f"http://127.0.0.1:{port}/v1"
 
 
 async def check_work_queue(connection: AbstractRobustConnection, expected_consumers: int) -> int:

@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ses.add_argument("--sessions", type=_positive, default=1000, help="sessions created (default 1000)")
     ses.add_argument("--concurrency", type=_positive, default=20, help="created at a time (default 20)")
+    _llm_argument(ses)
     scale = bench_sub.add_parser(
         "scale",
         help="session starts a second and memory per idle session at 1k and 10k sessions, 200 active;"
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument(
         "--samples", type=_positive, default=100, help="control messages timed per design (default 100)"
     )
+    _llm_argument(scale)
     dec = bench_sub.add_parser(
         "bargein-decisions",
         help="real interruptions, backchannels and noises over the agent: is the cut right? (BARGEIN_STT)",
@@ -237,6 +239,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def _llm_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--llm",
+        choices=("scripted", "server"),
+        default="scripted",
+        help="the agent's model: the scripted client in the reasoning process (default), or the same"
+        " answers from an OpenAI-compatible server the bench starts, over HTTP as in a deployment",
+    )
 
 
 def _corpus_arguments(parser: argparse.ArgumentParser) -> None:
@@ -379,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "sessions":
             from bargein.tools.bench_sessions import sessions_main
 
-            return sessions_main(args.sessions, args.concurrency)
+            return sessions_main(args.sessions, args.concurrency, args.llm)
         if args.command == "bench" and args.bench == "scale":
             from bargein.tools.bench_scale import scale_main
 
@@ -393,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 design_sessions=args.design_sessions,
                 samples=args.samples,
+                llm=args.llm,
             )
         if args.command == "bench" and args.bench == "failover":
             from bargein.tools.bench_failover import failover_main
