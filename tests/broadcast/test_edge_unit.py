@@ -29,7 +29,15 @@ from bargein.agent.events import (
 )
 from bargein.agent.message import Source
 from bargein.edge.core import CLOSE_SLOW, Connection, Edge, JsonWire, Outbox
-from bargein.edge.protocol import AgentChunk, Clear, Interrupt, SpeakingStarted, TurnComplete, frame_json
+from bargein.edge.protocol import (
+    AgentChunk,
+    Clear,
+    Interrupt,
+    SpeakingStarted,
+    TextTurn,
+    TurnComplete,
+    frame_json,
+)
 from bargein.settings import BroadcastSettings
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope
@@ -116,6 +124,40 @@ async def test_policy_lets_the_edge_clear_before_the_owner_says_so() -> None:
         await push(edge, "s2", AgentResponse(content="late"), turn=4, seq=3, epoch=1)  # in flight
         await push(edge, "s2", TurnInterrupted(turn=4), turn=4, epoch=1)  # the owner confirms
         assert [f["type"] for f in frames(connection)] == ["clear", "user_started_speaking"]
+    finally:
+        await edge.stop()
+
+
+async def test_a_typed_turn_cuts_the_answer_at_once_and_its_echo_never_cuts_its_own_answer() -> None:
+    """A caller's text is a barge-in (``UserStartedSpeaking``), then a turn. The edge hears its own
+    barge-in back from the broker on its control queue, and the answer on its data queue: under
+    load the answer's first chunk came first, and the late barge-in cleared the answer to the very
+    text that began it (``bench scale``: a caller waited 60 s for an answer, 1 of 1,000). Now the
+    edge cuts what played when the caller typed, at once, and a barge-in from the bus cuts no turn
+    that reached the edge after the barge-in was published (the owner says if it is cut)."""
+    edge = await make_edge()
+    try:
+        sock = FakeSocket(stuck=True)
+        connection = await edge.join("s11", JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        await push(edge, "s11", InterruptPolicy(events=["UserStartedSpeaking"]), epoch=1)
+        await push(edge, "s11", AgentResponse(content="first answer "), turn=1, seq=0, epoch=1)
+        assert await edge.client_message(connection, TextTurn(type="text", text="hello")) is None
+        assert ("clear", 1) in [(f["type"], f.get("turn")) for f in frames(connection)]  # at once
+        echo = UserStartedSpeaking()
+        echoed = Envelope.wrap("s11", echo, source=Source.EDGE)  # published now, heard back late:
+        await asyncio.sleep(0.01)
+        await push(edge, "s11", AgentResponse(content="the answer "), turn=2, seq=0, epoch=1)
+        await edge.on_event(echoed, echo)  # ... after the answer to the text it began
+        await push(edge, "s11", AgentResponse(content="goes on"), turn=2, seq=1, epoch=1)
+        sent = [(f["type"], f.get("turn")) for f in frames(connection)]
+        assert ("clear", 2) not in sent, sent
+        assert [f["text"] for f in frames(connection) if f["type"] == "agent_chunk"] == [
+            "the answer ",
+            "goes on",
+        ]
+        # a barge-in published while turn 2 plays still cuts it at once, before the owner says so
+        await push(edge, "s11", UserStartedSpeaking())
+        assert ("clear", 2) in [(f["type"], f.get("turn")) for f in frames(connection)]
     finally:
         await edge.stop()
 

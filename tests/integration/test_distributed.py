@@ -260,12 +260,17 @@ async def test_stateful_node_state_reaches_the_next_turn_in_another_process(
     await asyncio.sleep(0.2)
     owner.kill()
     cluster.start()  # keep two processes for the other tests
+    resuming = "Resuming from previous interruption"
+    before = {p.pid: p.log().count(resuming) for p in cluster.processes}
     await ask(caller, "go on")
     events = await caller.collect_turn(timeout=T)
     assert isinstance(events[-1], AgentGenerationComplete)
     second = await client.owner_pid(caller)
     assert second != first
-    assert "Resuming from previous interruption" in cluster.by_pid(second).log()
+    # the owner that took the session from the dead one resumed it; with partitions, the session may
+    # have moved on since (the new process takes its share of the partitions): any survivor's log
+    survivors = [p for p in cluster.processes if p.pid != first]
+    assert any(p.log().count(resuming) > before[p.pid] for p in survivors), [p.log() for p in survivors]
 
 
 async def test_crash_mid_turn_the_answer_arrives_whole(client: Client, cluster: Cluster) -> None:

@@ -333,6 +333,7 @@ class EdgeSession:
         self.owner_epoch = 0  # the reasoning owner's epoch, as confirmed by the state store
         self.policy: set[str] = set()
         self.highest_turn = 0
+        self.highest_began = 0.0  # when the highest turn's first chunk reached this edge (wall clock)
         self.completed: set[int] = set()
         self.history: collections.deque[Frame] = collections.deque(maxlen=HISTORY_FRAMES)
         self.joined_once = False
@@ -414,8 +415,15 @@ class EdgeSession:
         """The agent's voice is still playing to the caller (its text may have ended long ago)."""
         return self.voice is not None and self.voice.player.playing
 
-    def cuttable(self) -> int:
-        """The turn a barge-in now cuts off: one still streaming, or one whose audio still plays."""
+    def cuttable(self, published_at: float | None = None) -> int:
+        """The turn a barge-in now cuts off: one still streaming, or one whose audio still plays.
+        With ``published_at`` (a barge-in from the bus: when it was published), none that reached
+        this edge only after that: it may be the answer to the very turn the barge-in began (a
+        caller's typed text, whose own barge-in came back from the broker after its answer's first
+        chunk, cleared the answer), and the owner, which has the caller's events in their order,
+        says with ``TurnInterrupted`` whether it is cut."""
+        if published_at is not None and self.highest_began >= published_at:
+            return 0
         if self.highest_turn not in self.completed or self.agent_audible:
             return self.highest_turn
         return 0
@@ -818,7 +826,7 @@ class Edge:
         elif isinstance(event, UserStartedSpeaking):
             if envelope.source != Source.STOP_BUTTON:  # the stop button is not the caller speaking
                 session.broadcast(SpeakingStarted())
-            cut = session.cuttable()
+            cut = session.cuttable(published_at=envelope.ts)
             if UserStartedSpeaking.type_name() in session.policy and cut:
                 session.clear(cut, "the caller started speaking", since=envelope.ts)
         elif isinstance(event, UserStoppedSpeaking):
@@ -835,7 +843,8 @@ class Edge:
             session.soft_resume(time.monotonic(), "a backchannel")
         elif isinstance(event, AgentResponse):
             if session.fence.admit(envelope):
-                session.highest_turn = max(session.highest_turn, envelope.turn)
+                if envelope.turn > session.highest_turn:
+                    session.highest_turn, session.highest_began = envelope.turn, time.time()
                 session.heard.sent(envelope.turn, envelope.seq, event.content)
                 session.broadcast(AgentChunk(turn=envelope.turn, seq=envelope.seq, text=event.content))
                 session.speak(envelope.turn, envelope.seq, event.content)
@@ -1022,6 +1031,9 @@ class Edge:
         if not isinstance(message, Played):
             await self._report(session)  # what the caller got before what the caller does now
         if isinstance(message, TextTurn):
+            cut = session.cuttable()  # at once, as a spoken barge-in is (its echo cuts nothing later)
+            if UserStartedSpeaking.type_name() in session.policy and cut:
+                session.clear(cut, "the caller typed", since=time.time())
             await self._publish(sid, UserStartedSpeaking())
             await self._publish(sid, UserTranscriptionReceived(content=message.text))
             await self._publish(sid, UserStoppedSpeaking())
