@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -188,17 +189,21 @@ class _Delivery:
 
 class _Consumer(Subscription):
     """``underlay`` is the AMQP channel the consumer was made on: after a reconnect that channel is
-    closed (aio-pika makes a new one), and a consumer the broker cancelled is gone from it."""
+    closed (aio-pika makes a new one), and a consumer the broker cancelled is gone from it.
+    ``abandoned``: channels the transport gave up on (the broker stopped answering on them), whose
+    consumers are as good as gone although the channel is not closed yet."""
 
     def __init__(
         self,
         stop: Callable[[str], Awaitable[Any]],
         tag: str,
         underlay: aiormq.abc.AbstractChannel | None,
+        abandoned: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self._stop = stop
         self._tag: str | None = tag
         self._underlay = underlay
+        self._abandoned = abandoned
         self._cancelling: asyncio.Future[None] | None = None
         self._refused = False
 
@@ -210,9 +215,11 @@ class _Consumer(Subscription):
             return False
         if self._underlay is None:  # robust (session starts, edge queue): aio-pika restores it
             return True
+        if self._underlay.is_closed or (self._abandoned is not None and self._underlay in self._abandoned):
+            return False
         if not self._tag:  # its basic.consume is on its way, and the broker delivers before it answers
-            return not self._underlay.is_closed
-        return not self._underlay.is_closed and self._tag in getattr(self._underlay, "consumers", {})
+            return True
+        return self._tag in getattr(self._underlay, "consumers", {})
 
     @property
     def closing(self) -> bool:
@@ -442,6 +449,7 @@ class AmqpTransport(Transport):
         self._session_routes: dict[str, str] = {}
         self._work_queues_declared: set[Tier] = set()  # by this process: a start then only publishes
         self._replacing = asyncio.Lock()  # one fresh publishing channel for many stuck publishes
+        self._abandoned: weakref.WeakSet[Any] = weakref.WeakSet()  # consuming channels given up on
         # since when publishes to a partition (control?, its tag) have been refused, on end
         self._refused_since: dict[tuple[bool, str], float] = {}
         self._retired: set[asyncio.Task[None]] = set()  # stuck channels on their way out
@@ -932,22 +940,49 @@ class AmqpTransport(Transport):
     async def open_partition(
         self, tier: Tier, partition: int, handler: Handler, on_start: StartHandler
     ) -> Subscription:
-        channel = await self._need(self._consume).get_underlay_channel()
+        robust: AbstractRobustChannel = self._need(self._consume)
+        channel: Any = await robust.get_underlay_channel()  # (aiormq types its callbacks narrowly)
         consumers: list[Subscription] = []
         for kind in partition_kinds(tier):
             name = partition_queue(tier, partition, kind)
-            consumer = _Consumer(channel.basic_cancel, "", channel)
+            consumer = _Consumer(channel.basic_cancel, "", channel, self._abandoned)
             on_message = self._partition_consumer(channel, name, handler, on_start, consumer)
             try:
                 consuming = await channel.basic_consume(name, on_message, timeout=PARTITION_CONSUME_WAIT_S)
-            except BaseException:
+            except BaseException as exc:
                 for started in consumers:  # (gone with the channel, if it closed)
                     with contextlib.suppress(Exception):
                         await started.cancel()
+                if isinstance(exc, TimeoutError | aio_pika.exceptions.ChannelInvalidStateError):
+                    await self._replace_consuming(robust)
                 raise
             consumer._tag = consuming.consumer_tag
             consumers.append(consumer)
         return Subscriptions(consumers)
+
+    async def _replace_consuming(self, stuck: AbstractRobustChannel) -> None:
+        """A fresh consuming channel in place of ``stuck``, for the next consume. A consume the
+        broker leaves unanswered (``PARTITION_CONSUME_WAIT_S``) closes its channel, by asking the
+        broker to: after a node's stall RabbitMQ 3.10 left that unanswered too, and aio-pika
+        reopens a channel only once it is closed, so every consume on it failed ("closed by RPC
+        timeout") and the worker consumed none of its partitions for a minute (the freeze fault
+        test, partitioned: an answer's words were lost)."""
+        async with self._replacing:
+            if self._consume is not stuck or self._need(self._connection).is_closed:
+                return  # replaced already, or the connection is gone (it reopens every channel)
+            try:
+                fresh = await self._need(self._connection).channel(publisher_confirms=False)
+                await fresh.set_qos(prefetch_count=1)
+            except BROKER_GONE:
+                return  # the broker went away meanwhile: the next consume tries again
+            self._consume = fresh
+            with contextlib.suppress(*BROKER_GONE):  # what else consumes there is consumed again
+                self._abandoned.add(await stuck.get_underlay_channel())
+            self.counters["consuming_channels_replaced"] += 1
+            log.warning("a partition's consume failed on its channel: consuming on a fresh one from now on")
+        task = asyncio.create_task(self._retire(stuck))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     def _partition_consumer(
         self,
@@ -1142,7 +1177,7 @@ class AmqpTransport(Transport):
         if tier == TIER_EDGE:  # a caller of its own (a test's): what it says in is heard here
             self._session_routes[session] = name
         channel = await self._need(self._consume).get_underlay_channel()
-        consumer = _Consumer(channel.basic_cancel, "", channel)
+        consumer = _Consumer(channel.basic_cancel, "", channel, self._abandoned)
         on_message = self._mailbox_consumer(channel, name, session, handler, consumer)
         consuming = await channel.basic_consume(name, on_message)
         consumer._tag = consuming.consumer_tag
