@@ -968,8 +968,8 @@ class AmqpTransport(Transport):
         timeout") and the worker consumed none of its partitions for a minute (the freeze fault
         test, partitioned: an answer's words were lost)."""
         async with self._replacing:
-            if self._consume is not stuck or self._need(self._connection).is_closed:
-                return  # replaced already, or the connection is gone (it reopens every channel)
+            if self._consume is not stuck or not self._usable.is_set():
+                return  # replaced already, or the connection is down (it reopens every channel)
             try:
                 fresh = await self._need(self._connection).channel(publisher_confirms=False)
                 await fresh.set_qos(prefetch_count=1)
