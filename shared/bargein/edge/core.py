@@ -415,6 +415,14 @@ class EdgeSession:
         """The agent's voice is still playing to the caller (its text may have ended long ago)."""
         return self.voice is not None and self.voice.player.playing
 
+    def barged_in(self, why: str, since: float, published_at: float | None = None) -> None:
+        """The caller began a turn (``UserStartedSpeaking``): cut off what plays now, if the owner's
+        policy says that turn always ends so (``InterruptPolicy``; otherwise the owner decides, and
+        says so with ``TurnInterrupted``). ``published_at``: see :meth:`cuttable`."""
+        cut = self.cuttable(published_at)
+        if UserStartedSpeaking.type_name() in self.policy and cut:
+            self.clear(cut, why, since=since)
+
     def cuttable(self, published_at: float | None = None) -> int:
         """The turn a barge-in now cuts off: one still streaming, or one whose audio still plays.
         With ``published_at`` (a barge-in from the bus: when it was published), none that reached
@@ -826,9 +834,7 @@ class Edge:
         elif isinstance(event, UserStartedSpeaking):
             if envelope.source != Source.STOP_BUTTON:  # the stop button is not the caller speaking
                 session.broadcast(SpeakingStarted())
-            cut = session.cuttable(published_at=envelope.ts)
-            if UserStartedSpeaking.type_name() in session.policy and cut:
-                session.clear(cut, "the caller started speaking", since=envelope.ts)
+            session.barged_in("the caller started speaking", since=envelope.ts, published_at=envelope.ts)
         elif isinstance(event, UserStoppedSpeaking):
             session.broadcast(SpeakingStopped())
             session.turn_ended_at = time.monotonic()
@@ -1031,9 +1037,7 @@ class Edge:
         if not isinstance(message, Played):
             await self._report(session)  # what the caller got before what the caller does now
         if isinstance(message, TextTurn):
-            cut = session.cuttable()  # at once, as a spoken barge-in is (its echo cuts nothing later)
-            if UserStartedSpeaking.type_name() in session.policy and cut:
-                session.clear(cut, "the caller typed", since=time.time())
+            session.barged_in("the caller typed", since=time.time())  # at once: its echo cuts nothing later
             await self._publish(sid, UserStartedSpeaking())
             await self._publish(sid, UserTranscriptionReceived(content=message.text))
             await self._publish(sid, UserStoppedSpeaking())

@@ -57,7 +57,6 @@ SERVICES = ("reasoning", "speech", "broadcast")
 # the agent's model: the scripted client in the reasoning process, or the same answers from an
 # OpenAI-compatible server (bargein.tools.llm_server) over HTTP, the path a deployment takes
 LLMChoice = Literal["scripted", "server"]
-LLM_CHOICES: tuple[LLMChoice, ...] = ("scripted", "server")
 HANG_UP_WAIT_S = 60.0  # for the services to end every session after the callers hung up
 
 

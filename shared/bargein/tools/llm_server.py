@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bargein.agent.llm import ScriptedLLM, llm_from_settings
-from bargein.settings import LLMSettings
+from bargein.agent.llm import ScriptedLLM
+from bargein.settings import LLMSettings, load
 
 READY = "llm server ready on"  # the line a bench waits for: "llm server ready on http://.../v1"
 
@@ -74,8 +74,7 @@ def chat_app(llm: ScriptedLLM) -> Starlette:
 
 
 async def serve(host: str, port: int) -> None:
-    llm = llm_from_settings(LLMSettings(llm_base_url=None))
-    assert isinstance(llm, ScriptedLLM)
+    llm = ScriptedLLM.from_settings(load(LLMSettings))
     server = uvicorn.Server(uvicorn.Config(chat_app(llm), host=host, port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -132,8 +132,8 @@ OUTLET_IN_FLIGHT = 1  # bundles to one edge awaiting their confirms at once; mor
 ROUTES_KEPT = 65_536  # which edge each session's caller is on: forgotten wholesale beyond this
 RECONNECT_INTERVAL_S = 1.0
 QUEUE_FULL_RETRY_S = 0.02  # a full queue's consumer takes hundreds a second: try again soon
-# A partition's basic.consume unanswered this long is given up (aiormq closes its channel; aio-pika
-# opens another) and tried again by the partition's keeper: after a node's stall, RabbitMQ 3.10
+# A partition's basic.consume unanswered this long is given up, and tried again by the partition's
+# keeper on a fresh channel (AmqpTransport._replace_consuming): after a node's stall, RabbitMQ 3.10
 # left one unanswered for good, and the worker consumed none of its partitions again (the edge's
 # request for chunks it missed waited there: two words of an answer lost, the freeze fault test)
 PARTITION_CONSUME_WAIT_S = 2.0
@@ -803,9 +803,13 @@ class AmqpTransport(Transport):
                 STUCK_CONFIRM_S,
             )
         if stuck is not None:
-            task = asyncio.create_task(self._retire(stuck))
-            self._retired.add(task)
-            task.add_done_callback(self._retired.discard)
+            self._retire_later(stuck)
+
+    def _retire_later(self, channel: AbstractRobustChannel) -> None:
+        """Close a replaced channel in the background (:meth:`_retire`)."""
+        task = asyncio.create_task(self._retire(channel))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     async def _retire(self, channel: AbstractRobustChannel) -> None:
         """Close a replaced channel once what else was on its way there is confirmed (its other
@@ -980,9 +984,7 @@ class AmqpTransport(Transport):
                 self._abandoned.add(await stuck.get_underlay_channel())
             self.counters["consuming_channels_replaced"] += 1
             log.warning("a partition's consume failed on its channel: consuming on a fresh one from now on")
-        task = asyncio.create_task(self._retire(stuck))
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
+        self._retire_later(stuck)
 
     def _partition_consumer(
         self,
