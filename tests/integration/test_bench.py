@@ -15,6 +15,7 @@ import aio_pika
 import pytest
 import redis
 
+from bargein.settings import BrokerSettings, load
 from bargein.tools.bench import (
     busy_hop_queue,
     busy_samples_key,
@@ -55,6 +56,11 @@ async def test_interrupt_bench_runs_and_reports(rabbitmq_url: str, redis_url: st
     assert result["busy_ratio_p50"] > 0 and result["busy_ratio_p99"] > 0
     assert isinstance(result["busy_p50_met"], bool) and 0 < result["busy_cores"] < 1.5
     assert result["busy_chunks_per_s"] > 0  # it was busy: its chunks reached the bench
+    # and its messages took the interrupts' kind of queue: a partition's (the default design) or,
+    # with a mailbox per session, a priority mailbox (a classic queue delivers ~0.8 ms sooner)
+    partitioned = load(BrokerSettings).partition_count > 0
+    assert result["busy_mailbox"] == ("quorum" if partitioned else "priority"), report
+    assert ("to a quorum queue" in report) == partitioned, report
     assert isinstance(result["p50_met"], bool) and isinstance(result["p99_met"], bool)
     assert result["sessions"] == SESSIONS and result["workers"] == 1
     assert result["chunks_per_s"] > 0

@@ -5,8 +5,10 @@
   node reports how long each interrupt took to reach the generator as a ``CancelledError``.
 * ``python -m bargein.tools.bench_agents RUN_ID`` is the baseline: a bare aio-pika consumer that measures
   the raw publish → consume hop of the same broker, on the same machine, during the same run;
-  with ``--busy`` it is the busy baseline: the same delivery an interrupt gets (persistent, with
-  priority, acknowledged) to a process that sends as many chunks as the bench's workers meanwhile.
+  with ``--busy`` it is the busy baseline: the same delivery an interrupt gets (persistent,
+  acknowledged, prefetch 1, to the kind of queue the interrupt goes through: a partition's quorum
+  queue, or with ``--mailbox priority`` a session mailbox's classic priority queue) to a process
+  that sends as many chunks as the bench's workers meanwhile.
 
 Both measure with ``time.time()`` against a timestamp the bench process took just before publishing,
 so both numbers are process → broker → process on one clock, and their ratio is what the bench's
@@ -48,6 +50,8 @@ from bargein.tools.bench import (
     RAW_HOP_BODY,
     RAW_HOP_READY,
     SAMPLES_TTL_S,
+    MailboxKind,
+    busy_hop_arguments,
     busy_hop_queue,
     busy_samples_key,
     busy_sink_queue,
@@ -56,7 +60,6 @@ from bargein.tools.bench import (
     raw_samples_key,
 )
 from bargein.transport import amqp_address
-from bargein.wire.names import PRIORITY_CONTROL
 from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.tools.bench")
@@ -159,9 +162,6 @@ def agent(session: SessionInfo) -> Bridge:
 # --- the raw-hop consumer -----------------------------------------------------------------------
 
 
-BUSY_EXPIRY_MS = 600_000  # the busy baseline's queue, if its process dies before deleting it
-
-
 @dataclass(frozen=True)
 class ChunkLoad:
     """What keeps the busy raw consumer as busy as a bench worker: ``sessions`` streams, each
@@ -180,13 +180,15 @@ async def serve_raw_hop(
     *,
     exit_on_stdin_eof: bool = False,
     busy: ChunkLoad | None = None,
+    mailbox: MailboxKind = "quorum",
 ) -> None:
     """Consume the run's raw-hop queue until SIGTERM/SIGINT, recording receive time minus sent time.
 
     Idle (``busy`` None): a transient message to an exclusive queue of this connection, which
     disappears with the process however it ends. Busy: the delivery an interrupt gets (persistent,
-    with priority, to a durable priority queue like a session's mailbox, acknowledged) to a process
-    that meanwhile sends ``busy``'s chunks; the queue is deleted at the end (and expires if not).
+    acknowledged, prefetch 1, to a durable queue of the ``mailbox`` kind: :func:`busy_hop_arguments`)
+    to a process that meanwhile sends ``busy``'s chunks; the queue is deleted at the end (and
+    expires if not).
     With ``exit_on_stdin_eof`` the consumer also stops when its stdin closes, i.e. when the bench
     that started it is gone, even if it was killed before it could send SIGTERM.
     """
@@ -208,11 +210,7 @@ async def serve_raw_hop(
             queue = await channel.declare_queue(
                 busy_hop_queue(run_id),
                 durable=True,
-                arguments={
-                    "x-queue-type": "classic",
-                    "x-max-priority": PRIORITY_CONTROL,
-                    "x-expires": BUSY_EXPIRY_MS,
-                },
+                arguments=busy_hop_arguments(mailbox),
             )
             key, ack = busy_samples_key(run_id), True
             streams = await _send_chunks(connection, run_id, busy)
@@ -296,7 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         "--busy",
         nargs=3,
         metavar=("SESSIONS", "PERIOD_S", "WORDS"),
-        help="the busy baseline: send this chunk load meanwhile, take persistent priority messages",
+        help="the busy baseline: send this chunk load meanwhile, take persistent messages",
+    )
+    parser.add_argument(
+        "--mailbox",
+        choices=("quorum", "priority"),
+        default="quorum",
+        help="the busy baseline's queue: a partition's (quorum, the default) or a session mailbox's",
     )
     args = parser.parse_args(argv)
     busy = None
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             broker.redis_url,
             exit_on_stdin_eof=args.exit_on_stdin_eof,
             busy=busy,
+            mailbox=args.mailbox,
         )
     )
     return 0
