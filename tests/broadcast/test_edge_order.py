@@ -73,6 +73,34 @@ async def test_a_lost_chunk_is_asked_for_and_the_answer_reaches_the_caller_whole
         await edge.stop()
 
 
+async def test_the_first_answers_first_chunk_lost_is_asked_for_by_the_edge_that_created_the_session() -> None:
+    """The edge that created a session heard it from before its owner could speak, so the first
+    chunk it hears being the second means the first was lost (a node that froze deleted the edge's
+    queue with it, docs/operations.md): it is asked for, and the caller hears the answer whole. An
+    edge a caller joins mid-call cannot tell, and asks for nothing (tests/sdk/test_order.py)."""
+    edge, asked = await edge_and_owner(wait_ms=10_000)
+    try:
+        session = await edge.create_session({}, {})
+        await edge.transport.open_mailbox(session, TIER_REASONING, IN, lambda e, ev: _note(asked, ev))
+        sock = FakeSocket()
+        await edge.join(session, JsonWire(sock), "caller", False)  # type: ignore[arg-type]
+        await push(edge, session, word(1), turn=1, seq=1, epoch=1)  # 0 was lost on its way
+        await wait_for(lambda: len(asked) == 1)
+        assert asked == [OutputMissed(turn=1, first=0, last=0)]
+        await asyncio.sleep(0.05)
+        assert words(sock) == []  # the second word waits for the first
+        await push(edge, session, word(0), turn=1, seq=0, epoch=1)  # sent again by the owner
+        await wait_for(lambda: len(words(sock)) == 2)
+        assert words(sock) == ["w0", "w1"]
+    finally:
+        await edge.stop()
+
+
+async def _note(asked: list[OutputMissed], event: Event) -> None:
+    if isinstance(event, OutputMissed):
+        asked.append(event)
+
+
 async def test_what_waits_goes_on_without_a_chunk_that_never_comes() -> None:
     edge, asked = await edge_and_owner(wait_ms=200)
     try:

@@ -99,6 +99,17 @@ def test_what_an_edge_hears_first_of_a_session_may_be_the_middle_of_a_turn() -> 
     assert order.arrive(chunk(6, 1), "x") == ([], Gap(6, 0, 0))
 
 
+def test_an_edge_that_heard_the_session_from_its_start_misses_no_first_chunk() -> None:
+    """The edge that created the session listened before its owner could say a word: the first
+    chunk it hears being a later one means the first was lost, and it is asked for."""
+    order: TurnOrder[str] = TurnOrder(from_start=True)
+    assert order.arrive(chunk(1, 2), "x") == ([], Gap(1, 0, 1))
+    ready, gap = order.arrive(chunk(1, 0), "x")
+    assert (seqs(ready), gap) == ([0], None)
+    ready, gap = order.arrive(chunk(1, 1), "x")
+    assert (seqs(ready), gap) == ([1, 2], None)
+
+
 def test_a_repeat_or_a_resumed_turns_start_passes_for_the_fence_to_judge() -> None:
     order: TurnOrder[str] = TurnOrder()
     for seq in range(3):

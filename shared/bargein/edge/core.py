@@ -323,12 +323,14 @@ class Connection:
 class EdgeSession:
     """One session as this edge process sees it."""
 
-    def __init__(self, edge: Edge, session_id: str) -> None:
+    def __init__(self, edge: Edge, session_id: str, *, from_start: bool = False) -> None:
+        """``from_start``: this edge created the session (heard it before its owner could speak)."""
         self.edge = edge
         self.session_id = session_id
         self.connections: set[Connection] = set()
         self.fence = TurnFence()
-        self.order: TurnOrder[Event] = TurnOrder()  # what came after a lost chunk waits for it
+        # what came after a lost chunk waits for it
+        self.order: TurnOrder[Event] = TurnOrder(from_start=from_start)
         self.order_timers: dict[int, asyncio.TimerHandle] = {}  # per turn: when to stop waiting
         self.owner_epoch = 0  # the reasoning owner's epoch, as confirmed by the state store
         self.policy: set[str] = set()
@@ -628,7 +630,8 @@ class Edge:
         """A new session; it ends unless its caller joins within ``join_within_s`` (by default the
         reconnect grace, ``BARGEIN_RECONNECT_GRACE_S``)."""
         session_id = new_session_id()
-        session = await self._track(session_id)  # listen first: nothing the agent says first is missed
+        # listen first: nothing the agent says first is missed, so its first chunk lost is a gap
+        session = await self._track(session_id, from_start=True)
         session.alone_until = time.time() + (join_within_s or self.settings.reconnect_grace_s)
         await self.store.expect_callers({session_id: session.alone_until})
         options = {**agent_options, "turn_taking": turn_taking}
@@ -643,10 +646,10 @@ class Edge:
         log.info("session %s created", session_id)
         return session_id
 
-    async def _track(self, session_id: str) -> EdgeSession:
+    async def _track(self, session_id: str, *, from_start: bool = False) -> EdgeSession:
         session = self.sessions.get(session_id)
         if session is None:
-            session = self.sessions[session_id] = EdgeSession(self, session_id)
+            session = self.sessions[session_id] = EdgeSession(self, session_id, from_start=from_start)
             metrics.SESSIONS.labels("edge").set(len(self.sessions))
             assert self.queue is not None
             await self.queue.add_session(session_id)

@@ -10,8 +10,10 @@ missing numbers again (:class:`~bargein.agent.events.OutputMissed`), and lets th
 once the gap is filled, or once it has waited long enough (an owner that cannot send them again: a
 new owner after a failover resends by resuming the turn, and one that no longer has them says
 nothing). A turn's last message lost shows no gap; a turn that has not ended and hears nothing for a
-while (:meth:`TurnOrder.stalled`) is asked for whatever follows what came. The loss of the first
-message this edge hears of a session is not noticed.
+while (:meth:`TurnOrder.stalled`) is asked for whatever follows what came. An edge that created the
+session has heard it from its start, so the loss of the first chunk it would hear (the first answer's
+first words) is a gap like any other; an edge a caller joins mid-call may hear a turn from its
+middle, and asks for nothing before the first message it hears.
 
 :class:`TurnFence` decides what is stale; this decides what is early. The edge asks the fence
 first: a fenced turn's message is dropped, not held.
@@ -53,10 +55,12 @@ class _Turn(Generic[T]):
 class TurnOrder(Generic[T]):
     """Per session: which number each recent turn expects next, and what waits for a gap."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, from_start: bool = False) -> None:
+        """``from_start``: this edge heard the session before it could say anything (it created
+        it), so every turn it hears begins at 0."""
         self._turns: dict[int, _Turn[T]] = {}
         self._oldest = 0  # turns below this are forgotten: their messages pass as they come
-        self._listening = False  # something of the session's output has come here already
+        self._listening = from_start  # every turn is heard from its first message
 
     def arrive(
         self, envelope: Envelope, item: T, now: float | None = None
