@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bargein.errors import StaleEpochError
 from bargein.transport.abc import Renewal
-from bargein.transport.redis_store import RedisStateStore, _ThreadHeartbeat
+from bargein.transport.redis_store import RENEW_BATCH, RedisStateStore, _ThreadHeartbeat
 from bargein.wire.names import Tier, epoch_key, lease_key, session_directory_key, state_key
 
 TIER: Tier = "reasoning"
@@ -327,6 +327,22 @@ async def test_a_thousand_leases_renew_in_one_go_while_a_small_pool_is_busy(
         assert len(renewed) == 1000
     finally:
         await store.close()
+
+
+async def test_leases_renewed_a_batch_at_a_time_each_get_their_own_answer(
+    redis_store: RedisStateStore, new_session: SessionFactory
+) -> None:
+    """Past a batch (RENEW_BATCH, a round trip each, the event loop free between them) every
+    session is still answered for itself: one whose epoch is not current is LOST, in any batch."""
+    sessions = [new_session(f"b{i}") for i in range(2 * RENEW_BATCH + 3)]
+    epochs = await asyncio.gather(*(redis_store.acquire_lease(TIER, s, "w", LONG_TTL_MS) for s in sessions))
+    leases = {s: e for s, e in zip(sessions, epochs, strict=True) if e is not None}
+    assert len(leases) == len(sessions)
+    stale = sessions[RENEW_BATCH + 1]  # in the second batch
+    renewed = await redis_store.renew_leases(TIER, "w", {**leases, stale: leases[stale] + 7}, LONG_TTL_MS)
+    assert list(renewed) == sessions
+    assert renewed[stale] is Renewal.LOST
+    assert {r for s, r in renewed.items() if s != stale} == {Renewal.RENEWED}
 
 
 # --- the heartbeat --------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.hosting.host")
 REJECTED_STATE_S = 30.0  # a rejected session's epoch is kept this long, for the edge to check its EndCall
+# Renewals acted on in one step of the event loop: a process with 10,000 sessions acting on all of
+# theirs at once held up every interrupt that came meanwhile (the store renews them in batches too)
+RENEWALS_PER_STEP = 256
 
 
 class SessionTaken(BargeinError):
@@ -361,8 +364,10 @@ class SessionHost:
             if self._renewal_failing:
                 log.info("leases renew again")
                 self._renewal_failing = False
-            for session_id, result in results.items():
+            for n, (session_id, result) in enumerate(results.items(), 1):
                 await self._renewed(session_id, leases[session_id], result, asked_at)
+                if n % RENEWALS_PER_STEP == 0:
+                    await asyncio.sleep(0)  # what waits meanwhile (an interrupt) goes first
 
     async def _renewed(self, session_id: str, epoch: int, result: Renewal, asked_at: float) -> None:
         owned = self.sessions.get(session_id)
