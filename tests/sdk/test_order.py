@@ -206,3 +206,17 @@ def test_an_ask_that_names_no_gap_is_refused_where_it_is_decoded() -> None:
         with pytest.raises(InvalidEnvelope):
             envelope.event()
     assert OutputMissed(turn=1, first=3, last=3).last == 3
+
+
+def test_only_turns_under_way_are_watched_for_a_stall() -> None:
+    """What the edge's report loop asks of every session: most have no turn under way, and cost
+    it a glance."""
+    order: TurnOrder[str] = TurnOrder()
+    assert not order.open_turns
+    order.arrive(chunk(1, 0), "x")
+    order.arrive(chunk(2, 0), "x")
+    assert order.open_turns
+    order.ended(1)
+    assert order.open_turns and [g.turn for g in order.stalled(now=1e9, after_s=1)] == [2]
+    order.forget(2)  # cut off
+    assert not order.open_turns and order.stalled(now=2e9, after_s=1) == []

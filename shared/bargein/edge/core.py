@@ -127,6 +127,7 @@ BACKLOG_INTERVAL_S = 0.5
 HOUSEKEEPING_S = 5.0  # how often sessions with no connections here are looked at
 HANG_UP_RETRY_S = 0.5  # between tellings of a hang-up the broker did not take
 STALLED_AFTER = 3  # a turn silent this many BARGEIN_RESEND_WAIT_MS without its end is asked for the rest
+SESSIONS_PER_STEP = 1_000  # the report loop lets what waits go first after this many sessions
 
 
 AGENT_ACTIONS = (ToolCall, ToolResult, LogMetric, DTMFOutputEvent, TransferCall)
@@ -1064,14 +1065,22 @@ class Edge:
     # --- background ------------------------------------------------------------------------------
 
     async def _report_loop(self) -> None:
-        """What callers received goes back to the owner, coalesced (not one message per chunk)."""
+        """What callers received goes back to the owner, coalesced (not one message per chunk).
+        Every interval it walks every session: only those with news or a turn under way cost more
+        than a glance, and the walk lets what waits go first every ``SESSIONS_PER_STEP`` (measured
+        with 10,000 idle sessions: a 27 ms step five times a second, in which no chunk, barge-in or
+        clear was handled)."""
         interval = max(self.settings.report_interval_ms, 1.0) / 1000
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for session in list(self.sessions.values()):
-                await self._report(session)
-                await self._ask_for_the_rest(session, now)
+            for n, session in enumerate(list(self.sessions.values()), 1):
+                if session.heard.unreported:
+                    await self._report(session)
+                if session.order.open_turns:
+                    await self._ask_for_the_rest(session, now)
+                if n % SESSIONS_PER_STEP == 0:
+                    await asyncio.sleep(0)
 
     async def _report(self, session: EdgeSession) -> None:
         """What the session's callers received since the last report, one report a turn."""

@@ -59,6 +59,7 @@ class TurnOrder(Generic[T]):
         """``from_start``: this edge heard the session before it could say anything (it created
         it), so every turn it hears begins at 0."""
         self._turns: dict[int, _Turn[T]] = {}
+        self._open: set[int] = set()  # the turns whose last message has not come: watched for stalls
         self._oldest = 0  # turns below this are forgotten: their messages pass as they come
         self._listening = from_start  # every turn is heard from its first message
 
@@ -78,6 +79,7 @@ class TurnOrder(Generic[T]):
             # A turn starts at 0, but the first this edge hears of a session may be the middle of
             # one (a caller who reconnected through this edge mid-answer): nothing to ask for then
             state = self._turns[turn] = _Turn(next=0 if self._listening else envelope.seq)
+            self._open.add(turn)
             self._listening = True
             self._forget_old()
         state.heard_at = time.monotonic() if now is None else now
@@ -118,14 +120,22 @@ class TurnOrder(Generic[T]):
         state = self._turns.get(turn)
         if state is not None:
             state.ended = True
+        self._open.discard(turn)
+
+    @property
+    def open_turns(self) -> bool:
+        """Whether a turn it heard has not ended (only those can stall): most sessions of a busy edge
+        have none, and the edge's report loop passes them by."""
+        return bool(self._open)
 
     def stalled(self, now: float, after_s: float) -> list[Gap]:
         """Turns that have not ended and have heard nothing for ``after_s``: their last message may
         be what the broker lost, which no later one shows. Each is asked for everything after
         what came (once until it hears more); an answer that is only slow costs one message."""
         gaps = []
-        for turn, state in self._turns.items():
-            if state.ended or state.held or state.asked_rest or now - state.heard_at < after_s:
+        for turn in sorted(self._open):
+            state = self._turns[turn]
+            if state.held or state.asked_rest or now - state.heard_at < after_s:
                 continue
             state.asked_rest = True
             gaps.append(Gap(turn, state.next, state.next + MISSED_AT_MOST - 1))
@@ -140,6 +150,7 @@ class TurnOrder(Generic[T]):
         """``upto`` and every earlier turn are over (interrupted): nothing of them waits any more."""
         for turn in [t for t in self._turns if t <= upto]:
             del self._turns[turn]
+            self._open.discard(turn)
         self._oldest = max(self._oldest, upto + 1)
 
     @staticmethod
