@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="interrupt → CancelledError latency beside a raw broker hop and a busy one (RabbitMQ + Redis)",
     )
     intr.add_argument("--sessions", type=_positive, default=200, help="streaming sessions (default 200)")
-    intr.add_argument("--samples", type=_positive, default=200, help="interrupts measured (default 200)")
+    intr.add_argument("--samples", type=_positive, help="interrupts measured (default 1,000)")
     intr.add_argument("--workers", type=_positive, default=1, help="reasoning processes (default 1)")
     intr.add_argument(
         "--chunk-ms", type=float, default=100.0, help="each session publishes a chunk this often"
@@ -416,11 +416,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return throughput_main(args.sessions, args.chunks, args.window)
         if args.command == "bench" and args.bench == "interrupt":
-            from bargein.tools.bench import interrupt_main
+            from bargein.tools.bench import DEFAULT_SAMPLES, interrupt_main
 
             return interrupt_main(
                 args.sessions,
-                args.samples,
+                args.samples or DEFAULT_SAMPLES,
                 args.workers,
                 chunk_period_s=args.chunk_ms / 1000,
                 words_per_chunk=args.words_per_chunk,
