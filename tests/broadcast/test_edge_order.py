@@ -14,7 +14,7 @@ from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.names import IN, TIER_REASONING
 
-from ..sdk.helpers import wait_for
+from ..sdk.helpers import seen_half_done, wait_for
 from .test_edge_unit import FakeSocket, push
 
 
@@ -168,18 +168,7 @@ async def test_the_report_loop_lets_what_waits_go_first_while_it_walks_many_sess
         sessions = list(edge.sessions.values())
         for session in sessions:
             session.heard.heard(1, 0)  # each has something to report
-        seen: set[int] = set()
-
-        async def look() -> None:
-            while True:
-                seen.add(sum(s.heard.unreported for s in sessions))
-                await asyncio.sleep(0)
-
-        looking = asyncio.create_task(look())
-        try:
-            await wait_for(lambda: any(0 < n < count for n in seen), timeout=10)
-        finally:
-            looking.cancel()
+        await seen_half_done(lambda: sum(not s.heard.unreported for s in sessions), count)
         await wait_for(lambda: not any(s.heard.unreported for s in sessions))  # every one reported
     finally:
         await edge.stop()

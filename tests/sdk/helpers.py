@@ -41,3 +41,23 @@ def history(session: LocalSession) -> list[tuple[str, str]]:
     node = session.nodes[0]
     assert isinstance(node, ReasoningNode)
     return [(m["role"], m["content"]) for m in node.history_messages()]
+
+
+async def seen_half_done(done: Callable[[], int | None], total: int, timeout: float = 10.0) -> None:
+    """Wait until another task finds a walk over ``total`` items half done: ``done()`` (how many
+    the walk has done, None while none is under way) strictly between 0 and ``total``, which a
+    walk made in one step of the event loop never shows. It looks at every pass of the loop."""
+    seen: set[int] = set()
+
+    async def look() -> None:
+        while True:
+            n = done()
+            if n is not None:
+                seen.add(n)
+            await asyncio.sleep(0)
+
+    looking = asyncio.create_task(look())
+    try:
+        await wait_for(lambda: any(0 < n < total for n in seen), timeout=timeout)
+    finally:
+        looking.cancel()

@@ -34,7 +34,7 @@ from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTrans
 from bargein.wire.envelope import Envelope, new_session_id
 from bargein.wire.names import TIER_REASONING, Tier
 
-from .helpers import reply_text, take_chunks, wait_for
+from .helpers import reply_text, seen_half_done, take_chunks, wait_for
 
 REPLY = " ".join(f"x{i}" for i in range(20))
 
@@ -322,19 +322,13 @@ async def test_renewing_many_leases_lets_what_waits_meanwhile_go_first() -> None
             await host.open(info)
         runtimes = [owned.runtime for owned in host.sessions.values()]
         opened = time.monotonic()  # what a renewal pass confirms from now on is later than this
-        seen: set[int] = set()  # how many sessions of the latest pass a look found renewed
 
-        async def look() -> None:
-            while True:
-                latest = max(r.lease_confirmed_at for r in runtimes)
-                if opened < latest < math.inf:
-                    seen.add(sum(r.lease_confirmed_at == latest for r in runtimes))
-                await asyncio.sleep(0)
+        def renewed() -> int | None:  # of the latest pass
+            latest = max(r.lease_confirmed_at for r in runtimes)
+            if not opened < latest < math.inf:
+                return None
+            return sum(r.lease_confirmed_at == latest for r in runtimes)
 
-        looking = asyncio.create_task(look())
-        try:
-            await wait_for(lambda: any(0 < n < count for n in seen), timeout=10)
-        finally:
-            looking.cancel()
+        await seen_half_done(renewed, count)
     finally:
         await host.close_all()
