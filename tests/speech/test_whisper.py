@@ -169,6 +169,7 @@ async def test_a_short_window_hears_the_corpus_as_well_as_whisper_s_own_in_a_fra
         (" Sorry, can you repeat? Sorry, can you repeat? Sorry, can", "Sorry, can you repeat?"),
         (" Mm-hmm. Mm-hmm.", "Mm-hmm."),
         (" All right. All right. All right.", "All right."),
+        (" No... No...", "No..."),  # a sentence cut short, said again
         (" Thank you. I see. Thank you.", None),  # another sentence between: not one said again
         (" Mm-h-h-h-h-h-h-", None),  # no sentence at all
         (" Okay.", None),  # one sentence, nothing after it
@@ -187,8 +188,10 @@ async def test_bursts_cut_short_are_read_in_the_short_window_as_the_whole_one_re
     """Found in ``bench e2e``: a second of a caller's burst, judged while they still spoke, was
     read "Right. Right." or "Sorry, can you repeat? Sorry, can you repeat? ..." and read again in
     the whole window, 0.6 s more of the agent paused over a backchannel. These cuts of the corpus
-    are read so by the short window on this machine (how a clip is misread depends on the CPU's
-    float arithmetic): each must be read as the whole window reads it, without reading it again."""
+    are read so by the short window on some machine (how a clip is misread depends on the CPU's
+    float arithmetic: on a Zen 5 EPYC the first was "No... No..."): each must be read with the
+    words the whole window reads (a cut may end in "..." where the whole window ends it with a full
+    stop), without reading it again."""
     wanted = {
         ("No, that is not what I asked.", "en-gb"): 1.2,
         ("Right.", "en-gb"): 1.2,
@@ -205,5 +208,10 @@ async def test_bursts_cut_short_are_read_in_the_short_window_as_the_whole_one_re
     assert len(cuts) == len(wanted)
     for clip, audio in cuts:
         heard = await short.transcribe(audio, session_id="s", sample_rate=SAMPLE_RATE)
-        assert heard == await whole.transcribe(audio, session_id="s", sample_rate=SAMPLE_RATE), clip.name
+        read_whole = await whole.transcribe(audio, session_id="s", sample_rate=SAMPLE_RATE)
+        assert _words(heard) == _words(read_whole), (clip.name, heard, read_whole)
     assert short.fell_back == 0
+
+
+def _words(text: str | None) -> list[str]:
+    return re.findall(r"[\w'-]+", (text or "").lower())

@@ -49,6 +49,7 @@ SURE_NO_SPEECH_PROB = 0.8
 MAX_COMPRESSION_RATIO = 2.4
 SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 SENTENCE_MARKS = (".", "?", "!")  # each one token of Whisper's
+CUT_SHORT_MARK = "..."  # one token too: how Whisper ends a sentence the clip cuts short
 
 
 def bundled_model() -> Path:
@@ -103,6 +104,8 @@ class WhisperTranscriber:
         ]
         self.suppressed: list[int] = list(get_suppressed_tokens(tokenizer, [-1]))
         self.sentence_ends: list[int] = [tokenizer.encode(mark)[0] for mark in SENTENCE_MARKS]
+        # where the first sentence of a reading that says it again may end ("No... No...")
+        self.first_sentence_ends = [*self.sentence_ends, tokenizer.encode(CUT_SHORT_MARK)[0]]
         self.fell_back = 0  # short clips the short window could not read (see _short)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stt")
         self.timeout_s = timeout_s
@@ -223,8 +226,9 @@ class WhisperTranscriber:
         past the end of a clip cut short, a burst judged while the caller still speaks. The first
         sentence is what was said; reading the clip again in the whole window would take ~0.6 s
         more for the same words (seen in ``bench e2e``: a second of a caller's interruption, read
-        three times over). None when the reading is any other kind of repetitive."""
-        end = next((i for i, token in enumerate(tokens) if token in self.sentence_ends), None)
+        three times over; on a Zen 5 CPU, "No... No..." for the first second of "No, that is not
+        what I asked."). None when the reading is any other kind of repetitive."""
+        end = next((i for i, token in enumerate(tokens) if token in self.first_sentence_ends), None)
         if end is None or end == len(tokens) - 1:
             return None
         first = tokens[: end + 1]
