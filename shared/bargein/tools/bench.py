@@ -281,7 +281,7 @@ class _InterruptBench:
         self.sessions_ended = False
         self.busy_cores: float | None = None  # cores the busy raw consumer used while sampled
         self.busy_chunks_per_s = 0.0  # and the chunks it sent meanwhile
-        # the busy baseline's queue: the kind the interrupts travel through (bench_agents.busy_hop_arguments)
+        # the busy baseline's queue: the kind the interrupts travel through (busy_hop_arguments)
         self.partitions = load(BrokerSettings).partition_count
         self.mailbox: MailboxKind = "quorum" if self.partitions else "priority"
 

@@ -48,7 +48,6 @@ class _Turn(Generic[T]):
     held: dict[int, tuple[Envelope, T]] = dataclasses.field(default_factory=dict)
     asked_upto: int = -1  # the highest number already asked for again
     heard_at: float = 0.0  # time.monotonic() of its last message
-    ended: bool = False  # its last message (AgentGenerationComplete) has come
     asked_rest: bool = False  # asked for whatever follows, since its last message
 
 
@@ -117,9 +116,6 @@ class TurnOrder(Generic[T]):
 
     def ended(self, turn: int) -> None:
         """``turn``'s last message has come: nothing of it is missing once what it holds is in."""
-        state = self._turns.get(turn)
-        if state is not None:
-            state.ended = True
         self._open.discard(turn)
 
     @property
