@@ -22,6 +22,7 @@ from bargein import (
     UserTranscriptionReceived,
     metrics,
 )
+from bargein.agent.llm import ScriptedLLM
 from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
 from bargein.hosting.worker import Worker
@@ -326,4 +327,39 @@ async def test_a_dead_workers_partitions_are_taken_at_once_not_when_their_leases
     await second.take_over_dead_workers()  # its leases have not lapsed yet
     assert held(second) == set(range(PARTITIONS))
     assert pool.owner_of(victim) is second
+    await answered(*callers)
+
+
+def slow_talker(session: SessionInfo) -> Bridge:
+    """Answers take about 2 s: still under way when a hand-over or a drain begins."""
+    node = ReasoningNode(llm_client=ScriptedLLM([REPLY], first_token_delay=0.005, tokens_per_second=10))
+    bridge = Bridge(node)
+    bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+    return bridge
+
+
+async def test_a_worker_drained_while_it_hands_partitions_over_stops_and_loses_no_session(pool: Pool) -> None:
+    """The drain stops the partition keeper in the middle of a hand-over (waiting for its turns to
+    end): the drain must still end within its time (it hung when the keeper's stop was lost in a
+    session's close), and every session must go on, whole, at the other worker."""
+    first = await pool.worker(agent=slow_talker)
+    await wait_for(lambda: held(first) == set(range(PARTITIONS)))
+    callers = [await pool.session() for _ in range(8)]
+    for caller in callers:
+        await caller.emit(UserStoppedSpeaking())
+    await asyncio.gather(*(take_chunks(caller, 1) for caller in callers))  # every turn under way
+    await pool.worker(agent=slow_talker)  # first hands half its partitions over...
+
+    def handing_over() -> bool:  # (a session being handed over holds its next turns)
+        return any(getattr(owned.runtime, "holding", False) for owned in first.host.sessions.values())
+
+    await wait_for(handing_over)  # ...waiting for their turns to end
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(10):
+        await first.drain()
+    # the drain's wait for the turns (drain_timeout_s, 2 s) and a little more, not the hang
+    assert asyncio.get_running_loop().time() - started < 5.0
+    assert held(first) == set() and not first.host.sessions
+    for caller in callers:  # each turn finishes (here or resumed there), then the next is answered
+        await caller.collect_turn()
     await answered(*callers)

@@ -93,6 +93,7 @@ from bargein.hosting.load import LoopLag
 from bargein.hosting.sessions import create_session, end_session, forget_unowned_sides
 from bargein.metrics import Counted
 from bargein.settings import BroadcastSettings, VoiceSettings
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import EdgeQueue, StateStore, Transport
 from bargein.voice import player
 from bargein.voice.engines import Synthesizer
@@ -597,10 +598,7 @@ class Edge:
             self._tasks.append(asyncio.create_task(self._voice_loop(), name="edge-voice"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         await self.load.stop()
         await self.send_clients_away()
         if self.queue is not None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bargein import metrics
+from bargein.tasks import cancel_and_wait
 
 log = logging.getLogger("bargein.hosting.load")
 
@@ -82,11 +83,8 @@ class LoopLag:
 
     async def stop(self) -> None:
         self.collector.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _sample(self) -> None:
         while True:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from bargein import metrics
 from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Renewal, StartHandler, Subscription
 from bargein.wire.names import partition_lease, partition_of
 
@@ -61,6 +62,11 @@ class PartitionKeeper:
         self.hand_over_s = hand_over_s
         self.held: dict[int, _Held] = {}
         self._task: asyncio.Task[None] | None = None
+        # One round of keeping at a time (the keeper's own, or a take from a dead worker), and a
+        # stop waits for the one under way rather than cancelling it: a consume cancelled on its
+        # way makes aiormq close the channel, and with it every partition this worker consumes
+        self._round = asyncio.Lock()
+        self._stopped = False
         self._failing = False
         self._restoring_until = 0.0  # (time.monotonic) Redis lost the leases: take none before
 
@@ -97,18 +103,27 @@ class PartitionKeeper:
             next_round = loop.time() + self.ttl_ms / 4000
             while loop.time() < next_round:
                 await asyncio.sleep(min(CONSUMING_CHECK_S, max(0.0, next_round - loop.time())))
-                with contextlib.suppress(Exception):  # the broker is still away: the round says so
-                    await self._consume_again()
-            try:
-                await self.balance()
-            except Exception as exc:  # Redis away: say so once; the leases lapse if it lasts
-                if not self._failing:
-                    log.warning("keeping partitions failed (%s: %s); retrying", type(exc).__name__, exc)
-                self._failing = True
-            else:
-                if self._failing:
-                    log.info("keeping partitions works again")
-                self._failing = False
+                async with self._round:
+                    if self._stopped:
+                        return
+                    with contextlib.suppress(Exception):  # the broker is still away: the round says so
+                        await self._consume_again()
+            async with self._round:
+                if self._stopped:
+                    return
+                await self._balance_round()
+
+    async def _balance_round(self) -> None:
+        try:
+            await self.balance()
+        except Exception as exc:  # Redis away: say so once; the leases lapse if it lasts
+            if not self._failing:
+                log.warning("keeping partitions failed (%s: %s); retrying", type(exc).__name__, exc)
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("keeping partitions works again")
+            self._failing = False
 
     async def balance(self) -> None:
         """Renew what is held (letting go of what was lost), consume again what stopped, and move
@@ -154,15 +169,16 @@ class PartitionKeeper:
         then resume within about the liveness TTL, as with a mailbox per session. Measured
         before: 2.6 s from a kill to the first resumed chunk against 1.x per-session (the fault
         suite's two-second test, partitioned). How many were taken."""
-        if self._restoring or not self.running:
-            return 0
-        most, taken = (await self._share())[1], 0
-        for partition in range(self.count):
-            if len(self.held) >= most:
-                break
-            if partition not in self.held and await self._take(partition, replacing=dead):
-                taken += 1
-        return taken
+        async with self._round:
+            if self._stopped or self._restoring or not self.running:
+                return 0
+            most, taken = (await self._share())[1], 0
+            for partition in range(self.count):
+                if len(self.held) >= most:
+                    break
+                if partition not in self.held and await self._take(partition, replacing=dead):
+                    taken += 1
+            return taken
 
     @property
     def _restoring(self) -> bool:
@@ -228,9 +244,13 @@ class PartitionKeeper:
             for sid in self.sessions_of(partition):
                 host.sessions[sid].runtime.hold()
             deadline = asyncio.get_running_loop().time() + self.hand_over_s
-            while asyncio.get_running_loop().time() < deadline and any(  # noqa: ASYNC110
-                host.sessions[sid].runtime.active_turns for sid in self.sessions_of(partition)
-            ):
+
+            def turns_under_way() -> bool:  # (a drain stopping the keeping waits for them itself)
+                return not self._stopped and any(
+                    host.sessions[sid].runtime.active_turns for sid in self.sessions_of(partition)
+                )
+
+            while asyncio.get_running_loop().time() < deadline and turns_under_way():  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         del self.held[partition]
         await held.subscription.cancel()
@@ -243,12 +263,24 @@ class PartitionKeeper:
 
     async def stop_keeping(self) -> None:
         """Take no more partitions and give none back: what is held stays consumed (a drain's turns
-        finish meanwhile, and interrupts still reach them)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        finish meanwhile, and interrupts still reach them). A round under way (a take, a hand-over)
+        ends first, up to ``hand_over_s``: cut off inside a consume, it would close the channel every
+        partition is consumed on."""
+        self._stopped = True
+        try:
+            async with asyncio.timeout(self.hand_over_s):
+                await self._round.acquire()
+        except TimeoutError:
+            log.warning(
+                "%s %s: a round of keeping partitions did not end within %.0f s; stopping it where it is",
+                self.host.tier,
+                self.host.owner,
+                self.hand_over_s,
+            )
+        else:
+            self._round.release()
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def release_all(self) -> None:
         """Stop consuming and give back every partition (its sessions are closed already: the end

@@ -15,7 +15,6 @@ cannot refuse them for want of room: ``BARGEIN_MAX_SESSIONS`` does not apply).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from bargein.hosting.host import SessionHost, SessionTaken
 from bargein.hosting.load import LoopLag
 from bargein.hosting.partitions import PartitionKeeper
 from bargein.hosting.sessions import end_session
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Subscription
 from bargein.wire.session_info import SessionInfo
 
@@ -262,10 +262,7 @@ class Worker:
             self._starts = None
         if self.partitions is not None:
             await self.partitions.stop_keeping()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
         await self.load.stop()
 

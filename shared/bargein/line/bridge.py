@@ -28,6 +28,7 @@ from bargein.agent.routes import Bridge as _RuntimeBridge
 from bargein.agent.routes import Route
 from bargein.line.routes import RouteBuilder, RouteHandler, pattern_covers
 from bargein.line.utils.aio import await_tasks_safe
+from bargein.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from bargein.line.bus import Bus
@@ -176,10 +177,7 @@ class Bridge(_RuntimeBridge):
     async def stop_input_routing(self) -> None:
         if self.input_shutdown is not None:
             self.input_shutdown.set()
-        if self.input_task is not None and not self.input_task.done():
-            self.input_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.input_task
+        await cancel_and_wait(self.input_task)
 
     async def start(self) -> None:
         if self.input_source is not None:

@@ -16,11 +16,11 @@ Line's bus swallowed it and broadcast an event no bridge could route.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
 from bargein.agent.message import Message
+from bargein.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from bargein.line.bridge import Bridge
@@ -51,10 +51,7 @@ class Bus:
     async def cleanup(self) -> None:
         self.running = False
         self.shutdown_event.set()
-        if self.router_task is not None and not self.router_task.done():
-            self.router_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.router_task
+        await cancel_and_wait(self.router_task)
         for future in self.pending_requests.values():
             future.cancel()
         self.pending_requests.clear()

@@ -14,7 +14,6 @@ reach the socket in the order they were made.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -51,6 +50,7 @@ from bargein.line.harness_types import (
     TransferOutput,
     UserStateInput,
 )
+from bargein.tasks import cancel_and_wait
 
 log = logging.getLogger("bargein.line")
 _INPUT: TypeAdapter[InputMessage] = TypeAdapter(InputMessage)
@@ -148,10 +148,7 @@ class ConversationHarness:
     async def cleanup(self) -> None:
         self.shutdown_event.set()
         self.is_running = False
-        if self.input_task is not None and not self.input_task.done():
-            self.input_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.input_task
+        await cancel_and_wait(self.input_task)
         while not self.input_queue.empty():
             self.input_queue.get_nowait()
 

@@ -21,7 +21,6 @@ applied (Line stored them and never looked at them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +37,7 @@ from bargein.agent.message import Message
 from bargein.agent.routes import Clause, Route, Step
 from bargein.line.events import EventsRegistry
 from bargein.line.utils.aio import await_tasks_safe
+from bargein.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from bargein.line.bridge import Bridge
@@ -380,11 +380,8 @@ class RouteHandler:
             self._active_tasks = [t for t in self._active_tasks if not t.done()]
 
     async def _cancel_task_with_cleanup(self, task: asyncio.Task[Any]) -> None:
-        if task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if not task.done():
+            await cancel_and_wait(task)
 
     async def _process_operations(self, data: Any, operations: list[dict[str, Any]]) -> Any:
         """Push ``data`` through ``operations``; returns ``data`` itself when there are none, and

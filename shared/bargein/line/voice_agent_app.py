@@ -35,6 +35,7 @@ from bargein.errors import SessionRejected
 from bargein.line.call_request import PreCallResult
 from bargein.line.system import CallRequest, VoiceAgentSystem
 from bargein.runtime.agents import Agent
+from bargein.tasks import cancel_and_wait
 from bargein.testing import LocalSession
 
 CallHandler = Callable[[VoiceAgentSystem, CallRequest], Awaitable[None]]
@@ -97,9 +98,7 @@ class VoiceAgentApp:
             try:
                 await _converse(session, aiter(lines), task, printer, quiet_s)
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
 
 async def _converse(

@@ -46,6 +46,7 @@ from bargein.agent.message import Message
 from bargein.agent.routes import Bridge, Callback, Clause, Route
 from bargein.agent.turn import reset_current_run, set_current_run
 from bargein.errors import BargeinError
+from bargein.tasks import cancel_and_wait
 from bargein.wire.envelope import decode_message, encode_message
 
 log = logging.getLogger("bargein.runtime.executor")
@@ -320,10 +321,8 @@ class RouteExecutor:
 
     async def close(self) -> None:
         self.stop()
-        if self._worker is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+        await cancel_and_wait(self._worker)
+        self._worker = None
         await asyncio.gather(*self._running, return_exceptions=True)
 
     @property

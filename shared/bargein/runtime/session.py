@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -71,6 +70,7 @@ from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
 from bargein.runtime.ledger import DeliveryLedger
 from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
 from bargein.wire.envelope import Envelope, message_of, validate_session_id
 from bargein.wire.names import OUT, TIER_REASONING, Tier
@@ -177,20 +177,14 @@ class SessionRuntime(SessionProcessor):
         """Stop working the session here. The checkpoint is taken *before* running turns are
         cancelled, so it records them as running: the next owner resumes them rather than treating
         the shutdown as an interrupt."""
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._dispatcher
-            self._dispatcher = None
+        await cancel_and_wait(self._dispatcher)
+        self._dispatcher = None
         if checkpoint:
             # a speculative turn is nobody's yet: the next owner runs the turn if it is confirmed
             await self.drop_speculation("the session closes here")
             await self.checkpoint()
         self.closed = True
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        await cancel_and_wait(self._flusher)
         for executor in self.executors:  # all at once: a route finishing must not let a turn start
             executor.stop()
         await self.guard(self.agent_session.stop(), "agent stop")

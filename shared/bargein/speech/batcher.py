@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from bargein.speech.vad import (
     infer_batch,
     shared_model,
 )
+from bargein.tasks import cancel_and_wait
 
 log = logging.getLogger("bargein.speech.batcher")
 
@@ -296,10 +296,7 @@ class VadBatcher:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

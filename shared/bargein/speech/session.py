@@ -65,6 +65,7 @@ from bargein.speech.transcriber import (
 from bargein.speech.turn_end import Completion, Heard, Verdict
 from bargein.speech.turns import TURN_TAKING_OPTION, Emission, State, TurnConfig, TurnPolicy, TurnTakingError
 from bargein.speech.vad import WINDOW_BYTES, WINDOW_MS, shared_model
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Heartbeat, SessionProcessor, Transport
 from bargein.wire.envelope import Envelope
 from bargein.wire.names import IN, OUT, Direction
@@ -190,18 +191,12 @@ class SpeechSession(SessionProcessor):
             return
         self.batcher.unregister(self._slot)
         self._settle_speculation(None)  # the next owner hears the caller's turn from the start
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         if not self.fenced and self._publisher is not None:  # what was decided still goes out
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._outbox.join(), FLUSH_TIMEOUT_S)
         self.closed = True
-        if self._publisher is not None:
-            self._publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._publisher
+        await cancel_and_wait(self._publisher)
         c = self.counters
         log.info(
             "session %s: speech detection stopped here (%d frames, %d bad, %d windows, %d events published)",

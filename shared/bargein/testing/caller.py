@@ -38,6 +38,7 @@ from bargein.agent.events import (
 )
 from bargein.agent.message import Source
 from bargein.errors import UnroutableError
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import EdgeQueue, Subscription, Transport
 from bargein.voice import player
 from bargein.voice.player import FRAME_MS
@@ -130,11 +131,8 @@ class Caller:
             self._report_timer = None
         for task in list(self._late_reports):
             task.cancel()
-        if self._player is not None:
-            self._player.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._player
-            self._player = None
+        await cancel_and_wait(self._player)
+        self._player = None
         if self.voice is not None:
             await self.voice.aclose()
         if self._edge is not None:

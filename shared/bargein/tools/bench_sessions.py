@@ -34,6 +34,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from bargein.settings import BrokerSettings, load
+from bargein.tasks import cancel_and_wait
 from bargein.tools.benchkit import (
     BenchError,
     Child,
@@ -258,9 +259,7 @@ class _SessionsBench:
     async def take_over(self, index: int) -> ClientConnection:
         """The ``index``-th caller's socket, no longer read by its drain (the caller reads it)."""
         reader = self.readers[self.sockets[index]]
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await cancel_and_wait(reader)
         return self.sockets[index]
 
     def give_back(self, index: int) -> None:

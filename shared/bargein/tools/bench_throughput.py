@@ -38,6 +38,7 @@ from websockets.asyncio.client import ClientConnection
 from bargein.agent.events import AgentResponse, TurnInterrupted
 from bargein.edge.tokens import Tokens
 from bargein.settings import BroadcastSettings, BrokerSettings, load
+from bargein.tasks import cancel_and_wait
 from bargein.tools.benchkit import (
     BenchError,
     Processes,
@@ -173,9 +174,7 @@ class _ThroughputBench:
             await _publish_windowed(bodies, publish, counter, self.window)
             await _wait_received(counter, self.n_chunks)
         finally:
-            draining.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await draining
+            await cancel_and_wait(draining)
         rate = self.n_chunks / (time.perf_counter() - started)
         await consumer.close()
         await publisher.close()

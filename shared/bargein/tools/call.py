@@ -77,6 +77,7 @@ from bargein.edge.protocol import (
     frame_json,
     parse_server_frame,
 )
+from bargein.tasks import cancel_and_wait
 from bargein.tools.earpiece import Earpiece
 from bargein.tools.timeline import Timeline
 
@@ -648,9 +649,8 @@ class Call:
                         raise failure
         finally:
             for task in (sender, done, *([player] if player is not None else [])):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-                    await task
+                with contextlib.suppress(ConnectionClosed):
+                    await cancel_and_wait(task)
         if receiver.done():
             receiver.result()  # raises ConnectionClosed on an abnormal close
         else:
@@ -667,9 +667,8 @@ class Call:
         except (TimeoutError, ConnectionClosed):
             pass
         finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
-                await receiver
+            with contextlib.suppress(ConnectionClosed):
+                await cancel_and_wait(receiver)
 
 
 async def _sleep_until(deadline: float) -> None:

@@ -28,7 +28,6 @@ judged by its words before it cuts the answer off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
@@ -70,6 +69,7 @@ from bargein.speech.batcher import VadBatcher
 from bargein.speech.session import SpeechSessions
 from bargein.speech.transcriber import engine_name, transcriber_from_settings
 from bargein.speech.vad import shared_model
+from bargein.tasks import cancel_and_wait
 from bargein.testing import LocalSession
 from bargein.tools.call import (
     FRAME_BYTES,
@@ -290,9 +290,7 @@ async def run_audio_demo(
             )
             await demo.stream(transport, session.session_id, pcm)
         finally:
-            consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await consumer
+            await cancel_and_wait(consumer)
             await speech.close_all()
             await tap.cancel()
             await batcher.close()

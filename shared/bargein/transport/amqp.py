@@ -62,6 +62,7 @@ from bargein.errors import (
 )
 from bargein.metrics import Counted
 from bargein.settings import BrokerSettings, CoreSettings
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import (
     AUDIO_PARTITION_MAILBOXES,
     PUT_BACK_AFTER_S,
@@ -297,11 +298,7 @@ class _AmqpEdgeQueue(EdgeQueue):
         return declared.message_count or 0
 
     async def cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
 
 
 class _Outlet:

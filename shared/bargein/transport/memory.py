@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import itertools
 import logging
@@ -34,6 +33,7 @@ from bargein.errors import (
     UnroutableError,
 )
 from bargein.metrics import Counted
+from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import (
     AUDIO_PARTITION_MAILBOXES,
     NO_LOG_CHANGE,
@@ -178,10 +178,7 @@ class _Mailbox:
         """The broker's side: every consumer of the mailbox is gone (deleted, closed)."""
         self.standby.clear()
         task, self.consumer = self.consumer, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def arrival(self, loop: asyncio.AbstractEventLoop) -> None:
         """Return once there is an item."""
@@ -286,9 +283,7 @@ class _TaskSubscription(Subscription):
         return not self._task.done()
 
     async def cancel(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
 
 
 class _MemoryEdgeQueue(EdgeQueue):
@@ -351,9 +346,7 @@ class _MemorySubscription(Subscription):
         if task is None or box.consumer is not task:
             return  # stopped already (NotOwner, or the mailbox went)
         box.consumer = None
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         box.promote()
 
 

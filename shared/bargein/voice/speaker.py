@@ -11,12 +11,12 @@ its caption, and its text counts as heard once reached.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from bargein import metrics
+from bargein.tasks import cancel_and_wait
 from bargein.voice.engines import Synthesizer
 from bargein.voice.phrases import Phrase, PhraseRules, TurnText
 from bargein.voice.player import Output, Player
@@ -117,10 +117,7 @@ class Voice:
         return turn_text
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     def _queue_phrases(self, turn_text: TurnText) -> None:
         for phrase in turn_text.phrases():
