@@ -7,6 +7,7 @@ in tests/integration, with real processes).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import Counter
@@ -332,3 +333,28 @@ async def test_renewing_many_leases_lets_what_waits_meanwhile_go_first() -> None
         await seen_half_done(renewed, count)
     finally:
         await host.close_all()
+
+
+async def test_a_drain_that_is_stuck_says_where(pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+    """Past its limit a drain logs, once, every task and where it waits: a process that does not
+    stop on SIGTERM (a drain waited for ever once: tests/sdk/test_tasks.py) must say why."""
+    worker = await pool.worker()
+    caller = await pool.session()
+    await wait_for(lambda: caller.session_id in worker.host.sessions)
+    stuck = asyncio.Event()
+    real_close_all = worker.host.close_all
+
+    async def close_all_stuck() -> None:
+        await stuck.wait()
+        await real_close_all()
+
+    worker.host.close_all = close_all_stuck  # type: ignore[method-assign]
+    worker.drain_limit_s = 0.2
+    with caplog.at_level(logging.ERROR, logger="bargein.hosting.worker"):
+        draining = asyncio.create_task(worker.drain())
+        await wait_for(lambda: "has not ended after" in caplog.text, timeout=5)
+        assert "close_all_stuck" in caplog.text  # where the drain waits
+        stuck.set()
+        await draining
+    assert not worker.host.sessions
+    assert caplog.text.count("has not ended after") == 1

@@ -31,6 +31,12 @@ from bargein.wire.session_info import SessionInfo
 
 log = logging.getLogger("bargein.hosting.worker")
 
+# A drain waits up to BARGEIN_DRAIN_TIMEOUT_S twice (a partition keeper's round, then the turns);
+# this much more is for checkpointing and releasing every session. Past it, the drain is stuck:
+# what every task is doing is logged, once, so that an operator sees why the process is not stopping.
+DRAIN_SPARE_S = 30.0
+LOGGED_STUCK_TASKS = 20
+
 
 class Worker:
     def __init__(
@@ -54,6 +60,7 @@ class Worker:
         self.status_interval_s = status_interval_s
         self.drain_timeout_s = drain_timeout_s
         self.draining = False
+        self.drain_limit_s = 2 * drain_timeout_s + DRAIN_SPARE_S  # past it, the drain says what is stuck
         self.adopted = 0
         self.started = 0
         self.refused_starts = 0  # offered while full or overloaded: left for another worker
@@ -289,6 +296,29 @@ class Worker:
     async def drain(self) -> None:
         """Stop taking sessions, let running turns finish (briefly), then checkpoint and release
         every lease so other workers adopt the sessions at once."""
+        watchdog = asyncio.create_task(self._report_a_stuck_drain(), name=f"drain-watch:{self.host.tier}")
+        try:
+            await self._drain()
+        finally:
+            await cancel_and_wait(watchdog)
+
+    async def _report_a_stuck_drain(self) -> None:
+        await asyncio.sleep(self.drain_limit_s)
+        me = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not me and not task.done()]
+        log.error(
+            "%s worker %s: the drain has not ended after %.1f s; %d tasks are running (the first %d "
+            "follow, with where each waits)",
+            self.host.tier,
+            self.host.owner,
+            self.drain_limit_s,
+            len(tasks),
+            min(len(tasks), LOGGED_STUCK_TASKS),
+        )
+        for task in tasks[:LOGGED_STUCK_TASKS]:
+            log.error("still running: %s, at %s", task.get_name(), _awaiting(task))
+
+    async def _drain(self) -> None:
         self.draining = True
         await self._stop_taking()
         for owned in self.host.sessions.values():
@@ -301,3 +331,16 @@ class Worker:
         self.host.stop_heartbeat()
         await self.host.store.forget_worker(self.host.tier, self.host.owner)
         log.info("%s worker %s drained %d sessions", self.host.tier, self.host.owner, count)
+
+
+def _awaiting(task: asyncio.Task[object]) -> str:
+    """Where ``task`` waits: each coroutine on its chain of awaits, outermost first (a task's own
+    stack shows its outermost coroutine only)."""
+    places: list[str] = []
+    coro: object = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            places.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " → ".join(places) or "(nowhere to show)"
