@@ -261,12 +261,18 @@ class PartitionKeeper:
             metrics.count(host.tier, "partitions_handed_over")
             log.info("%s %s: handed partition %d over", host.tier, host.owner, partition)
 
-    async def stop_keeping(self) -> None:
+    async def stop_keeping(self, *, graceful: bool = True) -> None:
         """Take no more partitions and give none back: what is held stays consumed (a drain's turns
         finish meanwhile, and interrupts still reach them). A round under way (a take, a hand-over)
         ends first, up to ``hand_over_s``: cut off inside a consume, it would close the channel every
-        partition is consumed on."""
+        partition is consumed on. Not ``graceful`` (a kill, in tests): it is cut off where it is."""
         self._stopped = True
+        if graceful:
+            await self._let_the_round_end()
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def _let_the_round_end(self) -> None:
         try:
             async with asyncio.timeout(self.hand_over_s):
                 await self._round.acquire()
@@ -279,8 +285,6 @@ class PartitionKeeper:
             )
         else:
             self._round.release()
-        await cancel_and_wait(self._task)
-        self._task = None
 
     async def release_all(self) -> None:
         """Stop consuming and give back every partition (its sessions are closed already: the end
@@ -296,7 +300,7 @@ class PartitionKeeper:
 
     async def abandon(self) -> None:
         """Stop as a killed process would: consumers gone, nothing released (tests)."""
-        await self.stop_keeping()
+        await self.stop_keeping(graceful=False)
         for held in self.held.values():
             await held.subscription.cancel()
         self.held.clear()

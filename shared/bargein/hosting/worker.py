@@ -263,12 +263,12 @@ class Worker:
                 " (draining)" if self.draining else "",
             )
 
-    async def _stop_taking(self) -> None:
+    async def _stop_taking(self, *, graceful: bool = True) -> None:
         if self._starts is not None:
             await self._starts.cancel()
             self._starts = None
         if self.partitions is not None:
-            await self.partitions.stop_keeping()
+            await self.partitions.stop_keeping(graceful=graceful)
         await cancel_and_wait(*self._tasks)
         self._tasks = []
         await self.load.stop()
@@ -276,7 +276,7 @@ class Worker:
     async def abandon(self) -> None:
         """Stop dead, as a killed process would: nothing checkpointed, no lease released (tests)."""
         self.draining = True
-        await self._stop_taking()
+        await self._stop_taking(graceful=False)
         if self.partitions is not None:
             await self.partitions.abandon()
         self.host.stop_heartbeat()
