@@ -225,6 +225,42 @@ async def test_a_turn_whose_interrupt_overtook_it_in_the_mailbox_never_starts() 
         assert node.context.format_messages()[0] == {"role": "user", "content": "are you there?"}
 
 
+async def test_an_interrupt_drops_the_turn_queued_before_it_though_nothing_runs_yet() -> None:
+    """Two texts typed during a RabbitMQ restart reach a partition's two consumers together when it
+    comes back, and are handled side by side: the second's UserStartedSpeaking (control) can be
+    dispatched while the first's end of turn is queued for its route and not yet taken up. The
+    interrupt found nothing running, let the queued turn be, and the first text was answered on
+    its own, then the second (the fault suite's RabbitMQ stop_app test: the next answer was one
+    further on than the caller had heard). A turn queued before an interrupt is stale, as one
+    running or waiting at the barrier is."""
+    log: list[str] = []
+    async with LocalSession(recorder_agent(log)) as s:
+        t = time.time()
+
+        def sent(event: Event, at: float) -> Envelope:
+            return Envelope.wrap(s.session_id, event, ts=at, source="edge")
+
+        await s.transport.publish(sent(UserStartedSpeaking(), t), IN)
+        await s.transport.publish(sent(UserTranscriptionReceived(content="are you"), t + 0.1), IN)
+        await s.settle()
+        runtime = s.runtime
+        # the data consumer hands over the end of turn, and before the route has taken it up the
+        # control consumer hands over the caller's next start (two handlers, side by side)
+        stop, start = UserStoppedSpeaking(), UserStartedSpeaking()
+        await asyncio.gather(
+            runtime.handle(sent(stop, t + 0.2), stop), runtime.handle(sent(start, t + 0.3), start)
+        )
+        await s.transport.publish(sent(UserTranscriptionReceived(content="there?"), t + 0.4), IN)
+        await s.transport.publish(sent(UserStoppedSpeaking(), t + 0.5), IN)
+        events = await s.collect_turn()
+        assert reply_text(events) == WORDS
+        await s.settle()
+        assert log == ["start", "completed"]  # one answer, to the whole utterance
+        node = s.nodes[0]
+        assert isinstance(node, ReasoningNode)
+        assert node.context.format_messages()[0] == {"role": "user", "content": "are you there?"}
+
+
 async def test_an_utterances_start_dispatched_after_its_end_does_not_cut_its_answer() -> None:
     """Found by ``bench scale --mailboxes partitioned`` (a caller in a few hundred never answered):
     a partition's control and data are two queues, consumed side by side, so the start of what the
