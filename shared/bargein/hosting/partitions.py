@@ -62,10 +62,12 @@ class PartitionKeeper:
         self.hand_over_s = hand_over_s
         self.held: dict[int, _Held] = {}
         self._task: asyncio.Task[None] | None = None
-        # One round of keeping at a time (the keeper's own, or a take from a dead worker), and a
-        # stop waits for the one under way rather than cancelling it: a consume cancelled on its
-        # way makes aiormq close the channel, and with it every partition this worker consumes
+        # A stop waits for the keeper's round under way, and for a take from a dead worker under
+        # way, rather than cancelling them: a consume cancelled on its way makes aiormq close the
+        # channel, and with it every partition this worker consumes. (Two locks: a take from a dead
+        # worker must not wait for a hand-over's turns to end.)
         self._round = asyncio.Lock()
+        self._taking = asyncio.Lock()
         self._stopped = False
         self._failing = False
         self._restoring_until = 0.0  # (time.monotonic) Redis lost the leases: take none before
@@ -169,16 +171,20 @@ class PartitionKeeper:
         then resume within about the liveness TTL, as with a mailbox per session. Measured
         before: 2.6 s from a kill to the first resumed chunk against 1.x per-session (the fault
         suite's two-second test, partitioned). How many were taken."""
-        async with self._round:
-            if self._stopped or self._restoring or not self.running:
-                return 0
-            most, taken = (await self._share())[1], 0
-            for partition in range(self.count):
-                if len(self.held) >= most:
+        if self._stopped or self._restoring or not self.running:
+            return 0
+        most, taken = (await self._share())[1], 0
+        for partition in range(self.count):
+            if len(self.held) >= most:
+                break
+            if partition in self.held:
+                continue
+            async with self._taking:
+                if self._stopped:
                     break
-                if partition not in self.held and await self._take(partition, replacing=dead):
+                if await self._take(partition, replacing=dead):
                     taken += 1
-            return taken
+        return taken
 
     @property
     def _restoring(self) -> bool:
@@ -273,9 +279,10 @@ class PartitionKeeper:
         self._task = None
 
     async def _let_the_round_end(self) -> None:
+        """Wait until neither a round nor a take is under way (none starts once ``_stopped``)."""
         try:
-            async with asyncio.timeout(self.hand_over_s):
-                await self._round.acquire()
+            async with asyncio.timeout(self.hand_over_s), self._taking, self._round:
+                pass
         except TimeoutError:
             log.warning(
                 "%s %s: a round of keeping partitions did not end within %.0f s; stopping it where it is",
@@ -283,8 +290,6 @@ class PartitionKeeper:
                 self.host.owner,
                 self.hand_over_s,
             )
-        else:
-            self._round.release()
 
     async def release_all(self) -> None:
         """Stop consuming and give back every partition (its sessions are closed already: the end
