@@ -20,11 +20,11 @@ __all__ = ["cancel_and_wait"]
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
-    """Cancel each of ``tasks`` (None and finished ones are skipped) and wait until all have ended.
-        Their cancellation is expected and not raised; an exception one of them ended with is raised,
-        as awaiting it would. If the caller is cancelled while it waits, it raises ``CancelledError``
-        as any await would (the rest are cancelled, and not waited for); one whose cancellation began
-    before (this call in its ``finally`` block, say) goes on with its clean-up."""
+    """Cancel each of ``tasks`` (None is skipped) and wait until all have ended. Their cancellation
+    is expected and not raised; an exception one of them ended with (one that had finished already
+    too) is raised, as awaiting it would. If the caller is cancelled while it waits, it raises
+    ``CancelledError`` as any await would (the rest are cancelled, and not waited for); one whose
+    cancellation began before (this call in its ``finally`` block, say) goes on with its clean-up."""
     current = asyncio.current_task()
     # (counted, not just asked: cleanup that runs while the caller is being cancelled already,
     # a ``finally`` block, must still be able to stop its tasks and go on)

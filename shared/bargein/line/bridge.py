@@ -177,7 +177,8 @@ class Bridge(_RuntimeBridge):
     async def stop_input_routing(self) -> None:
         if self.input_shutdown is not None:
             self.input_shutdown.set()
-        await cancel_and_wait(self.input_task)
+        if self.input_task is not None and not self.input_task.done():
+            await cancel_and_wait(self.input_task)
 
     async def start(self) -> None:
         if self.input_source is not None:

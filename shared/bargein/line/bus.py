@@ -51,7 +51,8 @@ class Bus:
     async def cleanup(self) -> None:
         self.running = False
         self.shutdown_event.set()
-        await cancel_and_wait(self.router_task)
+        if self.router_task is not None and not self.router_task.done():
+            await cancel_and_wait(self.router_task)
         for future in self.pending_requests.values():
             future.cancel()
         self.pending_requests.clear()

@@ -148,7 +148,8 @@ class ConversationHarness:
     async def cleanup(self) -> None:
         self.shutdown_event.set()
         self.is_running = False
-        await cancel_and_wait(self.input_task)
+        if self.input_task is not None and not self.input_task.done():
+            await cancel_and_wait(self.input_task)
         while not self.input_queue.empty():
             self.input_queue.get_nowait()
 

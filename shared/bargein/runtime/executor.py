@@ -417,8 +417,14 @@ class RouteExecutor:
         return (
             (run is not None and not run.cancelled and _before(run.trigger, run.index, interrupt, index))
             or self._waiting(interrupt, index)
-            or any(w.kind == "trigger" and _before(w.message, w.index, interrupt, index) for w in self.queue)
+            or bool(self._queued_before(interrupt, index))
         )
+
+    def _queued_before(self, interrupt: Message, index: int) -> list[Work]:
+        """The triggers queued at this route from before ``interrupt``."""
+        return [
+            w for w in self.queue if w.kind == "trigger" and _before(w.message, w.index, interrupt, index)
+        ]
 
     def _waiting(self, interrupt: Message, index: int) -> bool:
         """Whether the worker holds a trigger from before ``interrupt`` that waits at the barrier."""
@@ -432,9 +438,7 @@ class RouteExecutor:
 
     def _drop_triggers_before(self, interrupt: Message, index: int) -> None:
         """Triggers that arrived before an interrupt are stale: the caller spoke again."""
-        stale = [
-            w for w in self.queue if w.kind == "trigger" and _before(w.message, w.index, interrupt, index)
-        ]
+        stale = self._queued_before(interrupt, index)
         if stale:
             self.queue = collections.deque(w for w in self.queue if w not in stale)
             self.host.count("triggers_dropped", len(stale))

@@ -21,6 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bargein.agent.events import SAMPLE_RATE, SAMPLE_WIDTH
 from bargein.edge.protocol import Played, frame_json
+from bargein.tasks import cancel_and_wait
 from bargein.tools.call import FRAME_BYTES, FRAME_MS, frames_of
 from bargein.tools.earpiece import Earpiece
 
@@ -69,8 +70,8 @@ class AudioCaller:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(task)
 
     def say(self, pcm: bytes) -> Said:
         """Speak ``pcm`` next (after what is being said); its times are filled in as it goes out."""
