@@ -63,8 +63,8 @@ class Pool:
         self.workers.append(worker)
         return worker
 
-    async def session(self) -> Caller:
-        caller = Caller(self.client, new_session_id(), settle=self.broker.settle)
+    async def session(self, session_id: str | None = None) -> Caller:
+        caller = Caller(self.client, session_id or new_session_id(), settle=self.broker.settle)
         await caller.attach()
         await create_session(
             self.client, self.store, SessionInfo(caller.session_id, edge_reports_delivery=True)
