@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bargein import (
+    AgentSpeechSent,
     Bridge,
     ReasoningNode,
     SessionInfo,
+    SpeechDelivered,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
@@ -30,8 +32,8 @@ from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
-from bargein.wire.envelope import new_session_id
-from bargein.wire.names import TIER_REASONING, Tier, partition_of
+from bargein.wire.envelope import Envelope, Source, new_session_id
+from bargein.wire.names import IN, TIER_REASONING, Tier, partition_of
 
 from . import test_worker
 from .helpers import reply_text, take_chunks, wait_for
@@ -220,6 +222,102 @@ async def test_what_arrives_while_a_session_is_being_taken_waits_for_it(pool: Po
     node = runtime.nodes[0]
     assert isinstance(node, ReasoningNode)
     assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
+
+
+async def test_what_arrives_while_an_adopter_restores_the_session_waits_for_it(pool: Pool) -> None:
+    """The worker's look for orphans takes a session up (its partition came here, its previous
+    owner let it go) while the caller's next words arrive through the partition: they must wait
+    until the session runs. Measured before (tests/integration/test_line_gemini.py, about one run
+    in eight): they were handed to the runtime while it restored its checkpoint, before its routes
+    existed, and went nowhere: the caller's words were missing from the model's request ("You said
+    ."), or the turn never started."""
+    pool.store = SlowStore()
+    worker = await pool.worker(agent=listening, adopt_interval_s=3600)
+    await wait_for(lambda: held(worker) == set(range(PARTITIONS)))
+    caller = await pool.session()
+    await answered(caller)
+    await worker.host.close(caller.session_id)  # as a worker that handed its partition over
+    adopting = asyncio.create_task(worker.adopt_orphans())
+    await wait_for(lambda: caller.session_id in worker.host.sessions)  # taken up, still restoring
+    await caller.emit(UserTranscriptionReceived(content="my words"), settle=False)
+    await caller.emit(UserStoppedSpeaking(), settle=False)
+    assert await adopting == 1
+    assert reply_text(await caller.collect_turn()) == REPLY
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    node = runtime.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
+
+
+def line_listening(session: SessionInfo) -> Bridge:
+    """As Line's examples keep a history: the caller's words, and what the caller was sent."""
+    bridge = listening(session)
+    node = bridge.node
+    assert isinstance(node, ReasoningNode)
+    bridge.on(AgentSpeechSent).map(node.add_event)
+    return bridge
+
+
+async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_owners_history(
+    pool: Pool,
+) -> None:
+    """The session moves between an answer and the edge's report that the caller got it: the next
+    owner must tell its bridges (``AgentSpeechSent``), once, before the caller's next words.
+    Measured before (tests/integration/test_line_gemini.py, about one run in ten): the new owner
+    had the turn's text from the edge's record, so the report added nothing to what it knew and
+    it told the bridges nothing; the model's next request lacked the answer the caller heard."""
+    worker = await pool.worker(agent=line_listening, adopt_interval_s=3600)
+    await wait_for(lambda: held(worker) == set(range(PARTITIONS)))
+    caller = await pool.session()
+    caller.report_interval_s = 3600  # the caller reports what it got when it speaks next, not before
+    await caller.emit(UserTranscriptionReceived(content="hello"))
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    await worker.host.close(caller.session_id)  # handed over before the report came
+    await caller.emit(UserTranscriptionReceived(content="again"))  # the report first, then the words
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    node = runtime.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    told = (UserTranscriptionReceived, AgentSpeechSent)  # (its own text it keeps as it generates)
+    history = [(type(e).__name__, e.content) for e in node.conversation_events if isinstance(e, told)]
+    assert history == [
+        ("UserTranscriptionReceived", "hello"),
+        ("AgentSpeechSent", REPLY),
+        ("UserTranscriptionReceived", "again"),
+    ]
+
+
+async def test_what_the_bridges_were_told_moves_with_the_session(pool: Pool) -> None:
+    """A report the first owner told its bridges about, delivered again to the next owner (the
+    first took it, then the session moved before it was acknowledged), tells them nothing more."""
+    worker = await pool.worker(agent=line_listening, adopt_interval_s=3600)
+    await wait_for(lambda: held(worker) == set(range(PARTITIONS)))
+    caller = await pool.session()
+    caller.report_interval_s = 3600  # reports when told to, or when it speaks
+    await caller.emit(UserTranscriptionReceived(content="hello"))
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    await caller.report_now()
+    await pool.broker.settle()  # told at the first owner
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    turn = runtime.last_turn
+    report = SpeechDelivered(turn=turn, seq=runtime.ledger.last_sent(turn))
+    await worker.host.close(caller.session_id)
+    await pool.client.publish(Envelope.wrap(caller.session_id, report, source=Source.EDGE), IN)
+    await caller.emit(UserTranscriptionReceived(content="again"))
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    node = runtime.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    told = [e.content for e in node.conversation_events if isinstance(e, AgentSpeechSent)]
+    assert told == [REPLY]
 
 
 async def test_a_worker_finds_its_own_orphans_behind_many_of_other_partitions(pool: Pool) -> None:

@@ -18,17 +18,20 @@ import pytest
 
 from bargein import (
     AgentGenerationComplete,
+    AgentSpeechSent,
     Bridge,
     EndCall,
     Event,
     ReasoningNode,
     SessionInfo,
     UserStoppedSpeaking,
+    UserTranscriptionReceived,
 )
 from bargein.agent.llm import ScriptedLLM
 from bargein.hosting.host import RENEWALS_PER_STEP, SessionHost
 from bargein.hosting.sessions import create_session
 from bargein.hosting.worker import Worker
+from bargein.runtime.agents import Agent
 from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryBroker, MemoryStateStore, MemoryTransport
@@ -54,7 +57,7 @@ class Pool:
         self.workers: list[Worker] = []
         self.client = MemoryTransport(self.broker)
 
-    async def worker(self, **kw: float) -> Worker:
+    async def worker(self, agent: Agent = agent, **kw: float) -> Worker:
         host = SessionHost.for_agent(
             MemoryTransport(self.broker), self.store, agent, owner=f"w{len(self.workers) + 1}"
         )
@@ -91,6 +94,45 @@ async def test_a_worker_takes_sessions_only_while_it_has_room(pool: Pool) -> Non
     for caller in (a, b):
         await caller.emit(UserStoppedSpeaking())
         assert reply_text(await caller.collect_turn()) == REPLY
+
+
+def line_listening(session: SessionInfo) -> Bridge:
+    """As Line's examples keep a history: the caller's words, and what the caller was sent."""
+    bridge = agent(session)
+    node = bridge.node
+    assert isinstance(node, ReasoningNode)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    bridge.on(AgentSpeechSent).map(node.add_event)
+    return bridge
+
+
+async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_owners_history(
+    pool: Pool,
+) -> None:
+    """As tests/sdk/test_partitions.py's test of that name, with a mailbox per session: there the
+    edge's record waits behind the report (one queue, one message at a time), so the next owner
+    tells its bridges what the report said once the record comes."""
+    worker = await pool.worker(agent=line_listening)
+    caller = await pool.session()
+    caller.report_interval_s = 3600  # the caller reports what it got when it speaks next, not before
+    await caller.emit(UserTranscriptionReceived(content="hello"))
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY
+    await worker.host.close(caller.session_id)  # handed over before the report came
+    await caller.emit(UserTranscriptionReceived(content="again"))  # the report first, then the words
+    await caller.emit(UserStoppedSpeaking())
+    assert reply_text(await caller.collect_turn()) == REPLY  # adopted, by the next look for orphans
+    runtime = worker.host.sessions[caller.session_id].runtime
+    assert isinstance(runtime, SessionRuntime)
+    node = runtime.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    told = (UserTranscriptionReceived, AgentSpeechSent)  # (its own text it keeps as it generates)
+    history = [(type(e).__name__, e.content) for e in node.conversation_events if isinstance(e, told)]
+    assert history == [
+        ("UserTranscriptionReceived", "hello"),
+        ("AgentSpeechSent", REPLY),
+        ("UserTranscriptionReceived", "again"),
+    ]
 
 
 async def test_the_start_of_a_session_that_ended_while_it_waited_is_dropped(pool: Pool) -> None:

@@ -96,6 +96,12 @@ class _Owned:
     subscription: Subscription
     records_lost: bool = False  # Redis lost them; written back at each renewal until that works
     resubscribe_failing: bool = False  # the mailbox could not be consumed again at the last try
+    # Being taken up here (deliver keeps aside what a partition brings it meanwhile): until its
+    # runtime runs (checkpoint restored, routes built) everything; then, while what was kept is
+    # handed over, what comes on the data lane goes behind it (control overtakes data, as in the
+    # broker: the edge's record of what the caller heard, which a report being handed may wait for)
+    running: bool = False
+    catching_up: bool = True
 
 
 class _NoSubscription(Subscription):
@@ -181,16 +187,16 @@ class SessionHost:
         self._ensure_renewer()
         try:
             await runtime.start()
+            owned.running = True
             if not self.transport.partitions(self.tier):  # a partition's consumer hands it over
                 owned.subscription = await self.transport.open_mailbox(sid, self.tier, IN, runtime.handle)
             while parked := self.parked.take(sid):  # (what comes meanwhile is kept behind them)
-                log.info(
-                    "session %s: handing it the %d message(s) kept while Redis did not know it",
-                    sid,
-                    len(parked),
-                )
-                for envelope, event in parked:
+                log.info("session %s: handing it the %d message(s) kept for it", sid, len(parked))
+                # control first, as the broker's lanes would have it: a delivery report kept here
+                # may wait for the edge's record (control) kept behind it
+                for envelope, event in sorted(parked, key=lambda kept: not kept[0].control):
                     await runtime.handle(envelope, event)
+            owned.catching_up = False
         except BaseException as exc:
             self.sessions.pop(sid, None)
             if isinstance(exc, SessionRejected):  # told while the lease vouches for its epoch
@@ -210,15 +216,24 @@ class SessionHost:
         processor, taking the session first if this process does not own it yet (the partition
         came from another worker, or the session is new). :class:`~bargein.errors.NotOwner` puts
         the message back for later: the session's previous owner still holds it, or the partition
-        is no longer this worker's (``accepts``). A message for a session that is over is dropped."""
+        is no longer this worker's (``accepts``). A message for a session that is over is dropped.
+
+        A message for a session still being taken up here (by the look for orphans, or by the
+        partition's other consumer: its control and data queues are consumed side by side) is kept
+        aside until the session runs (``_Owned.running``): handed over before, it reached a runtime
+        restoring its checkpoint, whose routes did not exist yet, and went nowhere (the caller's
+        words missing from the next answer, or no answer at all)."""
         self.parked.expire()
         owned = self.sessions.get(envelope.session)
-        if owned is not None and self.parked.holds(envelope.session):  # being handed what was kept
+        if owned is None:
+            await self._take_for(envelope, event)
+            owned = self.sessions.get(envelope.session)
+            if owned is None:  # kept aside (Redis does not know it), or the session is over
+                return
+        if not owned.running or (owned.catching_up and not envelope.control):
             self.parked.park(envelope, event)
             return
-        runtime = owned.runtime if owned is not None else await self._take_for(envelope, event)
-        if runtime is not None:
-            await runtime.handle(envelope, event)
+        await owned.runtime.handle(envelope, event)
 
     async def _take_for(self, envelope: Envelope, event: Event) -> SessionProcessor | None:
         """The session's processor, taken here now; None if there is none to hand the message to

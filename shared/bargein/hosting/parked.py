@@ -13,6 +13,9 @@ So a partitioned worker keeps such a message aside, acknowledged, in its session
 entry back) is handed what was kept before anything newer. After the wait it is dropped as a
 message of an ended session. Kept in memory only: this worker dying meanwhile, a third fault, loses
 them.
+
+The same keeps what comes for a session while this worker is taking it up (restoring its
+checkpoint): the runtime has no routes yet to hand it to (``SessionHost.deliver``).
 """
 
 from __future__ import annotations

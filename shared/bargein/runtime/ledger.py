@@ -59,6 +59,11 @@ class DeliveryLedger:
         if text is not None and len(text) > len(self._heard.get(turn, "")):
             self._heard[turn] = text
 
+    def knows(self, turn: int) -> bool:
+        """Whether this process has any text of ``turn``: its own chunks, or the edge's record of
+        it (a predecessor's turn has neither until the record comes)."""
+        return bool(self._chunks.get(turn)) or turn in self._heard
+
     def delivered_text(self, turn: int) -> str:
         chunks = self._chunks.get(turn, {})
         upto = (

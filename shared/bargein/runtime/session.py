@@ -68,7 +68,7 @@ from bargein.metrics import Counted
 from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
-from bargein.runtime.ledger import DeliveryLedger
+from bargein.runtime.ledger import RECENT_TURNS, DeliveryLedger
 from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
 from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
@@ -135,6 +135,10 @@ class SessionRuntime(SessionProcessor):
         self._inline: list[RouteExecutor] = []  # executors of routes that do not run as turns
         self._progress = asyncio.Event()
         self._record_arrived = asyncio.Event()  # the edge said what the caller heard (HeardRecord)
+        # per turn, how many characters of what the caller heard the bridges were told
+        # (AgentSpeechSent): checkpointed, so a new owner tells them the rest, and only the rest
+        self._told: dict[int, int] = {}
+        self._untold: set[int] = set()  # a predecessor's turns reported before the record came
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatcher: asyncio.Task[None] | None = None
         self.speculation: Speculation | None = None  # a turn started before the caller's turn was sure
@@ -218,6 +222,11 @@ class SessionRuntime(SessionProcessor):
 
     async def turn_may_start(self) -> None:
         """Wait (at most ``HANDOVER_RECORD_WAIT_S``, once) for the edge's record after a hand-over."""
+        await self._heard_record()
+
+    async def _heard_record(self) -> None:
+        """The edge's record of what the caller heard, once this process has it (after a change of
+        owner: it comes in answer to :meth:`_announce`); waited for at most once."""
         if self._record_arrived.is_set():
             return
         try:
@@ -297,12 +306,26 @@ class SessionRuntime(SessionProcessor):
                 if isinstance(event, SpeechDelivered) and self._heard_by_bridges(AgentSpeechSent)
                 else None
             )
-            before = self.ledger.delivered_text(spoken.turn) if spoken is not None else ""
+            if (
+                spoken is not None
+                and not self.ledger.knows(spoken.turn)
+                and not self._record_arrived.is_set()
+            ):
+                # a predecessor's turn, reported after the change of owner: its text comes with the
+                # edge's record (control), which a partition's control consumer hands over beside
+                # this report, and which a session's own mailbox holds behind it
+                if self.transport.partitions(self.tier):
+                    await self._heard_record()  # so the bridges hear it before the caller's next words
+                else:
+                    self._untold.add(spoken.turn)  # told as the record comes
+                    spoken = None
             if self._on_delivery_report(event):
                 await self.checkpoint()  # an interrupted answer was corrected: keep it that way
-            if spoken is not None:  # in order with what the caller says next
-                after = self.ledger.delivered_text(spoken.turn)
-                await self._speech_sent(message_of(envelope, event), before, after)
+            reported = [spoken.turn] if spoken is not None else []
+            if isinstance(event, HeardRecord) and self._untold:
+                reported, self._untold = sorted(self._untold), set()
+            for turn in reported:  # in order with what the caller says next
+                await self._speech_sent(message_of(envelope, event), turn)
             return
         speculative = isinstance(event, SpeculativeTurn | SpeculationDropped) or self.speculation is not None
         if speculative and await self._speculative(message_of(envelope, event)):
@@ -362,12 +385,19 @@ class SessionRuntime(SessionProcessor):
                         amended |= node.amend_interrupted_turn(turn, text, final=final)
         return amended
 
-    async def _speech_sent(self, report: Message, before: str, after: str) -> None:
-        """Tell the bridges what more of a turn the caller was sent, as ``AgentSpeechSent`` (Line's
-        agents route it into their history and read it back with ``get_committed_events``)."""
-        if len(after) <= len(before) or not after.startswith(before):
+    async def _speech_sent(self, report: Message, turn: int) -> None:
+        """Tell the bridges what more of ``turn`` the caller was sent, as ``AgentSpeechSent`` (Line's
+        agents route it into their history and read it back with ``get_committed_events``). What
+        they were told is counted in the checkpoint: a report that reaches the next owner (the
+        session moved between the answer and its report) tells them the rest, not nothing (the
+        next owner's record of the turn came whole from the edge, so it saw nothing new in it,
+        and the model's next request lacked the answer the caller heard), nor all of it again."""
+        heard = self.ledger.delivered_text(turn)
+        told = self._told.get(turn, 0)
+        if len(heard) <= told:
             return
-        sent = AgentSpeechSent(content=after[len(before) :])
+        self._told[turn] = len(heard)
+        sent = AgentSpeechSent(content=heard[told:])
         await self._dispatch(dataclasses.replace(report, event=sent, id=uuid.uuid4().hex))
 
     async def _dispatch_loop(self) -> None:
@@ -652,11 +682,17 @@ class SessionRuntime(SessionProcessor):
     async def turn_finished(self, run: TurnRun | None) -> None:
         turn = run.turn if run is not None else None
         if turn is not None and not self._later(functools.partial(self._finish_in_ledger, turn)):
-            self.ledger.finished(turn)
+            self._forget_old_turns(turn)
         await self.checkpoint()
 
     async def _finish_in_ledger(self, turn: int) -> None:
+        self._forget_old_turns(turn)
+
+    def _forget_old_turns(self, turn: int) -> None:
+        """``turn`` is over: what is kept of each turn for late reports, only for the last few."""
         self.ledger.finished(turn)
+        for old in [t for t in self._told if t < turn - RECENT_TURNS]:
+            del self._told[old]
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -666,6 +702,7 @@ class SessionRuntime(SessionProcessor):
             "last_turn": self.last_turn,
             "next_index": self.next_index,
             "initial_message_sent": self.initial_message_sent,
+            "told": {str(turn): n for turn, n in self._told.items()},
             "nodes": {node.id: snapshot.capture(node, long_lists=False) for node in self.nodes if node.id},
             "routes": {e.key: e.durable_state() for e in self.executors},
         }
@@ -735,6 +772,7 @@ class SessionRuntime(SessionProcessor):
         self.last_turn = int(state.get("last_turn", 0))
         self.next_index = int(state.get("next_index", 0))
         self.initial_message_sent = bool(state.get("initial_message_sent", False))
+        self._told = {int(turn): int(n) for turn, n in state.get("told", {}).items()}
         by_id = {node.id: node for node in self.nodes}
         for node_id, attrs in state.get("nodes", {}).items():
             node = by_id.get(node_id)

@@ -149,11 +149,14 @@ class Caller:
 
     # --- the caller ------------------------------------------------------------------------------
 
-    async def emit(self, event: Event) -> Envelope:
+    async def emit(self, event: Event, *, settle: bool = True) -> Envelope:
+        """Say ``event``; ``settle=False`` returns once it is published, not once the in-memory
+        broker has handed it over (a test that races it against something else)."""
         await self.report_now()  # what the caller got before what it does now
         envelope = Envelope.wrap(self.session_id, event, seq=next(self._seq), source=Source.USER)
         await self.transport.publish(envelope, IN)
-        await self.settle()
+        if settle:
+            await self.settle()
         return envelope
 
     # --- the edge --------------------------------------------------------------------------------
