@@ -10,16 +10,22 @@ import pytest
 from bargein import (
     AgentGenerationComplete,
     AgentResponse,
+    AgentSpeechSent,
+    Bridge,
     FalseInterruption,
+    ReasoningNode,
+    SessionInfo,
+    SpeechDelivered,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscriptionReceived,
 )
 from bargein.agent.events import SpeculationDropped, SpeculativeTurn, TurnInterrupted
+from bargein.agent.llm import ScriptedLLM
 from bargein.testing import LocalSession
 from bargein.transport.memory import MemoryTransport
-from bargein.wire.envelope import Envelope
-from bargein.wire.names import TIER_REASONING, Direction
+from bargein.wire.envelope import Envelope, Source
+from bargein.wire.names import IN, TIER_REASONING, Direction
 
 from ..agents import interruptible_agent
 from .helpers import ask, history, reply_text, take_chunks, wait_for
@@ -68,6 +74,56 @@ async def test_a_dropped_speculative_turn_leaves_no_trace() -> None:
         assert reply_text(await s.collect_turn()) == REPLY
         assert s.runtime.last_turn == 2  # numbered as if the dropped one had never been
         assert [m for m in history(s) if m[0] == "user"] == [("user", "first"), ("user", "second")]
+
+
+def line_style_agent(session_info: SessionInfo) -> Bridge:
+    """Keeps what the caller was sent as Line's examples do: ``AgentSpeechSent`` in its history."""
+    node = ReasoningNode(llm_client=ScriptedLLM([REPLY], first_token_delay=0.005, tokens_per_second=200))
+    bridge = Bridge(node)
+    bridge.on(UserTranscriptionReceived).map(node.add_event)
+    bridge.on(AgentSpeechSent).map(node.add_event)
+    bridge.on(UserStoppedSpeaking).stream(node.generate).broadcast()
+    return bridge
+
+
+def told(s: LocalSession) -> list[str]:
+    node = s.nodes[0]
+    assert isinstance(node, ReasoningNode)
+    return [e.content for e in node.conversation_events if isinstance(e, AgentSpeechSent)]
+
+
+async def test_a_dropped_speculative_turn_keeps_what_the_caller_was_told_before_it() -> None:
+    """The caller reports what it got as it speaks on, so the report of the last answer comes just
+    before the speculative turn. Its ``AgentSpeechSent`` was added to the history just after the
+    turn saved the nodes, and the drop, putting them back, undid it: the answer the caller heard
+    was gone from the history. Now the turn saves the nodes once earlier work is done."""
+    async with LocalSession(line_style_agent) as s:
+        s.report_interval_s = 3600  # the caller reports what it got when it speaks next
+        await ask(s, "first")
+        assert reply_text(await s.collect_turn()) == REPLY
+        await s.emit(SpeculativeTurn(transcript="my account number is"))  # the report first
+        await held(s, 1)
+        await s.emit(SpeculationDropped())
+        await s.runtime.inline_routes_idle()
+        assert told(s) == [REPLY]
+
+
+async def test_a_report_during_a_dropped_speculative_turn_is_told_again() -> None:
+    """A delivery report that arrives while a speculative turn runs tells the bridges what the
+    caller heard; the drop undoes that with the rest of the turn's work, so it is told again."""
+    async with LocalSession(line_style_agent, report_delivery=False) as s:  # it reports below
+        await ask(s, "first")
+        assert reply_text(await s.collect_turn()) == REPLY
+        speculative = SpeculativeTurn(transcript="my account number is")
+        await s.transport.publish(Envelope.wrap(s.session_id, speculative, source=Source.SPEECH), IN)
+        await held(s, 1)
+        report = SpeechDelivered(turn=1, seq=s.runtime.ledger.last_sent(1))  # the first answer, heard
+        await s.transport.publish(Envelope.wrap(s.session_id, report, source=Source.EDGE), IN)
+        await s.settle()
+        assert s.runtime.speculation is not None and s.runtime.speculation.reports
+        await s.emit(SpeculationDropped())
+        await s.runtime.inline_routes_idle()
+        assert told(s) == [REPLY]
 
 
 async def test_a_confirmed_speculative_turn_is_released_at_once() -> None:

@@ -83,6 +83,7 @@ OUTPUT_RETRY_S = 0.5  # a turn's output that found no broker tries again this so
 T = TypeVar("T")
 
 DROP_UNWIND_S = 5.0  # how long a dropped speculative turn's work may take to unwind
+SPECULATION_BARRIER_S = 1.0  # how long a speculative turn waits for earlier work (as a turn would)
 HANDOVER_RECORD_WAIT_S = 1.0  # after a change of owner, how long a new turn waits for the edge's record
 
 
@@ -297,7 +298,7 @@ class SessionRuntime(SessionProcessor):
             await self._send_again(event)
             return
         if isinstance(event, SpeechDelivered | HeardRecord) and self.speculation is not None:
-            self.speculation.reports.append(event)  # applied again if the nodes are put back
+            self.speculation.reports.append(message_of(envelope, event))  # again if the nodes go back
         if isinstance(event, SpeechDelivered | HeardRecord):
             # the text so far only when a bridge hears AgentSpeechSent (a report a chunk, each
             # joining the turn's text, cost every answer the square of its length)
@@ -453,13 +454,31 @@ class SessionRuntime(SessionProcessor):
         """Run the turn the caller's words so far would start, holding what it sends."""
         if self.speculation is not None:
             await self.drop_speculation("a newer one starts")
+        await self._earlier_work_done()
         if self._dirty:  # what came before it is durable; nothing of it will be until confirmed
             await self.checkpoint()
         self.count("speculations")
-        self.speculation = Speculation(transcript, self.next_index, self.last_turn, save_nodes(self.nodes))
+        self.speculation = Speculation(
+            transcript, self.next_index, self.last_turn, save_nodes(self.nodes), dict(self._told)
+        )
         log.info("session %s: speculative turn on %r", self.session_id, transcript)
         for event in (UserTranscriptionReceived(content=transcript), UserStoppedSpeaking()):
             await self._dispatch(dataclasses.replace(message, event=event, id=uuid.uuid4().hex))
+
+    async def _earlier_work_done(self) -> None:
+        """Wait (up to ``SPECULATION_BARRIER_S``) until the routes that do not run as turns have
+        done what was dispatched so far, as a turn's barrier does: the nodes a speculative turn
+        saves must be what that work leaves. A Line agent's ``AgentSpeechSent`` added just after
+        the save was undone by a drop, which puts the saved nodes back: the caller's last answer
+        was gone from the history."""
+        index = self.next_index
+        try:
+            async with asyncio.timeout(SPECULATION_BARRIER_S):
+                while not self.earlier_work_done(index):
+                    await self.wait_for_progress()
+        except TimeoutError:  # a route's own code takes its time: speculate regardless
+            self.count("speculation_barrier_timeouts")
+            log.warning("session %s: earlier work not done before a speculative turn", self.session_id)
 
     async def _confirm_speculation(self) -> None:
         speculation, self.speculation = self.speculation, None
@@ -509,9 +528,14 @@ class SessionRuntime(SessionProcessor):
             log.warning("session %s: the dropped turn's work did not unwind in time", self.session_id)
         restore_nodes(self.nodes, speculation.saved)
         self.last_turn = speculation.last_turn  # the next turn is numbered as if it never happened
+        self._told = speculation.told  # what the bridges were told meanwhile went with its work
         for report in speculation.reports:
-            self._on_delivery_report(report)
+            assert isinstance(report.event, SpeechDelivered | HeardRecord)
+            self._on_delivery_report(report.event)
         self.speculation = None
+        for report in speculation.reports:  # told again, as the nodes are now
+            if isinstance(report.event, SpeechDelivered) and self._heard_by_bridges(AgentSpeechSent):
+                await self._speech_sent(report, report.event.turn)
         if self._dirty:
             await self.checkpoint()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from bargein.agent.events import HeardRecord, SpeechDelivered
+from bargein.agent.message import Message
 from bargein.agent.nodes import Node
 from bargein.runtime import snapshot
 
@@ -37,8 +37,9 @@ class Speculation:
     from_index: int  # the dispatch index of its first event: what is undone is from here on
     last_turn: int  # the session's turn counter before it: numbers it took go back (nobody saw them)
     saved: SavedNodes  # the nodes as they were
+    told: dict[int, int]  # what the bridges had been told of each turn (SessionRuntime._told)
     held: list[Action] = field(default_factory=list)  # what goes out if it is confirmed, in order
-    reports: list[SpeechDelivered | HeardRecord] = field(default_factory=list)  # applied meanwhile
+    reports: list[Message] = field(default_factory=list)  # delivery reports applied meanwhile
     words_confirmed: bool = False  # the same words came again: the stop that follows confirms it
 
     def hold(self, action: Action) -> None:
