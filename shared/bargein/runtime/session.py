@@ -454,7 +454,7 @@ class SessionRuntime(SessionProcessor):
         """Run the turn the caller's words so far would start, holding what it sends."""
         if self.speculation is not None:
             await self.drop_speculation("a newer one starts")
-        await self._earlier_work_done()
+        await self._wait_for_earlier_work()
         if self._dirty:  # what came before it is durable; nothing of it will be until confirmed
             await self.checkpoint()
         self.count("speculations")
@@ -465,7 +465,7 @@ class SessionRuntime(SessionProcessor):
         for event in (UserTranscriptionReceived(content=transcript), UserStoppedSpeaking()):
             await self._dispatch(dataclasses.replace(message, event=event, id=uuid.uuid4().hex))
 
-    async def _earlier_work_done(self) -> None:
+    async def _wait_for_earlier_work(self) -> None:
         """Wait (up to ``SPECULATION_BARRIER_S``) until the routes that do not run as turns have
         done what was dispatched so far, as a turn's barrier does: the nodes a speculative turn
         saves must be what that work leaves. A Line agent's ``AgentSpeechSent`` added just after
