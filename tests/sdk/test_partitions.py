@@ -29,7 +29,6 @@ from bargein.errors import SettingsError
 from bargein.hosting.host import SessionHost
 from bargein.hosting.worker import Worker
 from bargein.runtime.agents import Agent
-from bargein.runtime.session import SessionRuntime
 from bargein.testing.caller import Caller
 from bargein.transport.memory import MemoryStateStore, MemoryTransport
 from bargein.wire.envelope import Envelope, Source, new_session_id
@@ -37,7 +36,15 @@ from bargein.wire.names import IN, TIER_REASONING, Tier, partition_of
 
 from . import test_worker
 from .helpers import reply_text, take_chunks, wait_for
-from .test_worker import REPLY, agent
+from .test_worker import (
+    HISTORY_AFTER_THE_MOVE,
+    REPLY,
+    agent,
+    history_after_a_move_before_the_report,
+    line_listening,
+    node_of,
+    runtime_of,
+)
 
 PARTITIONS = 8
 LIVENESS_MS = 200  # a partition's lease lives twice that
@@ -217,10 +224,7 @@ async def test_what_arrives_while_a_session_is_being_taken_waits_for_it(pool: Po
     await caller.emit(UserTranscriptionReceived(content="my words"))  # ...while its data arrives
     await caller.emit(UserStoppedSpeaking())
     assert reply_text(await caller.collect_turn()) == REPLY
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
+    node = node_of(worker, caller)
     assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
 
 
@@ -243,20 +247,8 @@ async def test_what_arrives_while_an_adopter_restores_the_session_waits_for_it(p
     await caller.emit(UserStoppedSpeaking(), settle=False)
     assert await adopting == 1
     assert reply_text(await caller.collect_turn()) == REPLY
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
+    node = node_of(worker, caller)
     assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
-
-
-def line_listening(session: SessionInfo) -> Bridge:
-    """As Line's examples keep a history: the caller's words, and what the caller was sent."""
-    bridge = listening(session)
-    node = bridge.node
-    assert isinstance(node, ReasoningNode)
-    bridge.on(AgentSpeechSent).map(node.add_event)
-    return bridge
 
 
 async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_owners_history(
@@ -270,25 +262,7 @@ async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_o
     worker = await pool.worker(agent=line_listening, adopt_interval_s=3600)
     await wait_for(lambda: held(worker) == set(range(PARTITIONS)))
     caller = await pool.session()
-    caller.report_interval_s = 3600  # the caller reports what it got when it speaks next, not before
-    await caller.emit(UserTranscriptionReceived(content="hello"))
-    await caller.emit(UserStoppedSpeaking())
-    assert reply_text(await caller.collect_turn()) == REPLY
-    await worker.host.close(caller.session_id)  # handed over before the report came
-    await caller.emit(UserTranscriptionReceived(content="again"))  # the report first, then the words
-    await caller.emit(UserStoppedSpeaking())
-    assert reply_text(await caller.collect_turn()) == REPLY
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
-    told = (UserTranscriptionReceived, AgentSpeechSent)  # (its own text it keeps as it generates)
-    history = [(type(e).__name__, e.content) for e in node.conversation_events if isinstance(e, told)]
-    assert history == [
-        ("UserTranscriptionReceived", "hello"),
-        ("AgentSpeechSent", REPLY),
-        ("UserTranscriptionReceived", "again"),
-    ]
+    assert await history_after_a_move_before_the_report(worker, caller) == HISTORY_AFTER_THE_MOVE
 
 
 async def test_what_the_bridges_were_told_moves_with_the_session(pool: Pool) -> None:
@@ -303,8 +277,7 @@ async def test_what_the_bridges_were_told_moves_with_the_session(pool: Pool) -> 
     assert reply_text(await caller.collect_turn()) == REPLY
     await caller.report_now()
     await pool.broker.settle()  # told at the first owner
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
+    runtime = runtime_of(worker, caller)
     turn = runtime.last_turn
     report = SpeechDelivered(turn=turn, seq=runtime.ledger.last_sent(turn))
     await worker.host.close(caller.session_id)
@@ -312,10 +285,7 @@ async def test_what_the_bridges_were_told_moves_with_the_session(pool: Pool) -> 
     await caller.emit(UserTranscriptionReceived(content="again"))
     await caller.emit(UserStoppedSpeaking())
     assert reply_text(await caller.collect_turn()) == REPLY
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
+    node = node_of(worker, caller)
     told = [e.content for e in node.conversation_events if isinstance(e, AgentSpeechSent)]
     assert told == [REPLY]
 
@@ -372,10 +342,7 @@ async def test_what_a_session_redis_lost_is_told_waits_for_its_record_to_come_ba
     assert pool.owner_of(caller) is None and worker.host.parked.holds(caller.session_id)
     assert await pool.store.restore_sessions(TIER_REASONING, {caller.session_id: record})  # the edge
     assert reply_text(await caller.collect_turn()) == REPLY  # adopted, and told what was kept
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
+    node = node_of(worker, caller)
     assert ("user", "my words") in [(m["role"], m["content"]) for m in node.history_messages()]
     assert not worker.host.parked.holds(caller.session_id)
 

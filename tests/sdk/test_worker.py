@@ -106,14 +106,10 @@ def line_listening(session: SessionInfo) -> Bridge:
     return bridge
 
 
-async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_owners_history(
-    pool: Pool,
-) -> None:
-    """As tests/sdk/test_partitions.py's test of that name, with a mailbox per session: there the
-    edge's record waits behind the report (one queue, one message at a time), so the next owner
-    tells its bridges what the report said once the record comes."""
-    worker = await pool.worker(agent=line_listening)
-    caller = await pool.session()
+async def history_after_a_move_before_the_report(worker: Worker, caller: Caller) -> list[tuple[str, str]]:
+    """The caller's words and what the bridges were told, as the session's next owner (``worker``
+    again) has them: the session left ``worker`` between an answer and the caller's report of it,
+    and the report reached the next owner just before the caller's next words."""
     caller.report_interval_s = 3600  # the caller reports what it got when it speaks next, not before
     await caller.emit(UserTranscriptionReceived(content="hello"))
     await caller.emit(UserStoppedSpeaking())
@@ -121,18 +117,28 @@ async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_o
     await worker.host.close(caller.session_id)  # handed over before the report came
     await caller.emit(UserTranscriptionReceived(content="again"))  # the report first, then the words
     await caller.emit(UserStoppedSpeaking())
-    assert reply_text(await caller.collect_turn()) == REPLY  # adopted, by the next look for orphans
-    runtime = worker.host.sessions[caller.session_id].runtime
-    assert isinstance(runtime, SessionRuntime)
-    node = runtime.nodes[0]
-    assert isinstance(node, ReasoningNode)
+    assert reply_text(await caller.collect_turn()) == REPLY
     told = (UserTranscriptionReceived, AgentSpeechSent)  # (its own text it keeps as it generates)
-    history = [(type(e).__name__, e.content) for e in node.conversation_events if isinstance(e, told)]
-    assert history == [
-        ("UserTranscriptionReceived", "hello"),
-        ("AgentSpeechSent", REPLY),
-        ("UserTranscriptionReceived", "again"),
-    ]
+    events = node_of(worker, caller).conversation_events
+    return [(type(e).__name__, e.content) for e in events if isinstance(e, told)]
+
+
+HISTORY_AFTER_THE_MOVE = [
+    ("UserTranscriptionReceived", "hello"),
+    ("AgentSpeechSent", REPLY),
+    ("UserTranscriptionReceived", "again"),
+]
+
+
+async def test_an_answer_reported_heard_after_its_session_moved_is_in_the_next_owners_history(
+    pool: Pool,
+) -> None:
+    """As tests/sdk/test_partitions.py's test of that name, with a mailbox per session: there the
+    edge's record waits behind the report (one queue, one message at a time), so the next owner
+    tells its bridges what the report said once the record comes."""
+    worker = await pool.worker(agent=line_listening)  # (it adopts the session back: its next look)
+    caller = await pool.session()
+    assert await history_after_a_move_before_the_report(worker, caller) == HISTORY_AFTER_THE_MOVE
 
 
 async def test_the_start_of_a_session_that_ended_while_it_waited_is_dropped(pool: Pool) -> None:
@@ -228,10 +234,21 @@ async def test_a_worker_that_starts_adopts_only_the_sessions_whose_callers_are_s
     assert reply_text(await here.collect_turn()) == REPLY
 
 
-def _counters(worker: Worker, caller: Caller) -> Counter[str]:
+def runtime_of(worker: Worker, caller: Caller) -> SessionRuntime:
     runtime = worker.host.sessions[caller.session_id].runtime
     assert isinstance(runtime, SessionRuntime)
-    return runtime.counters
+    return runtime
+
+
+def node_of(worker: Worker, caller: Caller) -> ReasoningNode:
+    """The session's reasoning node, at ``worker``."""
+    node = runtime_of(worker, caller).nodes[0]
+    assert isinstance(node, ReasoningNode)
+    return node
+
+
+def _counters(worker: Worker, caller: Caller) -> Counter[str]:
+    return runtime_of(worker, caller).counters
 
 
 @pytest.mark.parametrize("drain_timeout_s, resumed", [(5.0, False), (0.0, True)])

@@ -32,6 +32,9 @@ class DeliveryLedger:
         self._delivered_upto: dict[int, Position] = {}
         self._heard: dict[int, str] = {}  # the edge's own text of what it delivered, when it sent it
         self._sent: dict[int, dict[int, Envelope]] = collections.defaultdict(dict)  # for OutputMissed
+        # how many characters of each turn's heard text the session's bridges were told
+        # (AgentSpeechSent): the session checkpoints it, so a new owner tells them the rest, once
+        self.told: dict[int, int] = {}
 
     def published(self, turn: int, seq: int, text: str) -> None:
         self._chunks[turn][seq] = text
@@ -75,10 +78,20 @@ class DeliveryLedger:
         heard = self._heard.get(turn, "")
         return heard if len(heard) > len(ours) else ours
 
+    def untold(self, turn: int) -> str:
+        """What of ``turn``'s heard text the bridges have not been told yet, counted as told now."""
+        heard = self.delivered_text(turn)
+        told = self.told.get(turn, 0)
+        if len(heard) <= told:
+            return ""
+        self.told[turn] = len(heard)
+        return heard[told:]
+
     def finished(self, turn: int) -> None:
         """``turn`` is over: forget turns too old for a report to still matter."""
-        for old in [t for t in {*self._chunks, *self._sent} if t < turn - RECENT_TURNS]:
+        for old in [t for t in {*self._chunks, *self._sent, *self.told} if t < turn - RECENT_TURNS]:
             self._chunks.pop(old, None)
             self._sent.pop(old, None)
             self._delivered_upto.pop(old, None)
             self._heard.pop(old, None)
+            self.told.pop(old, None)

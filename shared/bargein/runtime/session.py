@@ -68,7 +68,7 @@ from bargein.metrics import Counted
 from bargein.runtime import journal, snapshot
 from bargein.runtime.agents import Agent, AgentSession, launch_agent
 from bargein.runtime.executor import RouteExecutor, TurnRun
-from bargein.runtime.ledger import RECENT_TURNS, DeliveryLedger
+from bargein.runtime.ledger import DeliveryLedger
 from bargein.runtime.speculation import Action, Speculation, restore_nodes, save_nodes
 from bargein.tasks import cancel_and_wait
 from bargein.transport.abc import Heartbeat, SessionProcessor, StateStore, Transport
@@ -136,9 +136,6 @@ class SessionRuntime(SessionProcessor):
         self._inline: list[RouteExecutor] = []  # executors of routes that do not run as turns
         self._progress = asyncio.Event()
         self._record_arrived = asyncio.Event()  # the edge said what the caller heard (HeardRecord)
-        # per turn, how many characters of what the caller heard the bridges were told
-        # (AgentSpeechSent): checkpointed, so a new owner tells them the rest, and only the rest
-        self._told: dict[int, int] = {}
         self._untold: set[int] = set()  # a predecessor's turns reported before the record came
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._dispatcher: asyncio.Task[None] | None = None
@@ -393,12 +390,10 @@ class SessionRuntime(SessionProcessor):
         session moved between the answer and its report) tells them the rest, not nothing (the
         next owner's record of the turn came whole from the edge, so it saw nothing new in it,
         and the model's next request lacked the answer the caller heard), nor all of it again."""
-        heard = self.ledger.delivered_text(turn)
-        told = self._told.get(turn, 0)
-        if len(heard) <= told:
+        untold = self.ledger.untold(turn)
+        if not untold:
             return
-        self._told[turn] = len(heard)
-        sent = AgentSpeechSent(content=heard[told:])
+        sent = AgentSpeechSent(content=untold)
         await self._dispatch(dataclasses.replace(report, event=sent, id=uuid.uuid4().hex))
 
     async def _dispatch_loop(self) -> None:
@@ -459,7 +454,7 @@ class SessionRuntime(SessionProcessor):
             await self.checkpoint()
         self.count("speculations")
         self.speculation = Speculation(
-            transcript, self.next_index, self.last_turn, save_nodes(self.nodes), dict(self._told)
+            transcript, self.next_index, self.last_turn, save_nodes(self.nodes), dict(self.ledger.told)
         )
         log.info("session %s: speculative turn on %r", self.session_id, transcript)
         for event in (UserTranscriptionReceived(content=transcript), UserStoppedSpeaking()):
@@ -528,7 +523,7 @@ class SessionRuntime(SessionProcessor):
             log.warning("session %s: the dropped turn's work did not unwind in time", self.session_id)
         restore_nodes(self.nodes, speculation.saved)
         self.last_turn = speculation.last_turn  # the next turn is numbered as if it never happened
-        self._told = speculation.told  # what the bridges were told meanwhile went with its work
+        self.ledger.told = speculation.told  # what the bridges were told meanwhile went with its work
         for report in speculation.reports:
             assert isinstance(report.event, SpeechDelivered | HeardRecord)
             self._on_delivery_report(report.event)
@@ -706,17 +701,11 @@ class SessionRuntime(SessionProcessor):
     async def turn_finished(self, run: TurnRun | None) -> None:
         turn = run.turn if run is not None else None
         if turn is not None and not self._later(functools.partial(self._finish_in_ledger, turn)):
-            self._forget_old_turns(turn)
+            self.ledger.finished(turn)
         await self.checkpoint()
 
     async def _finish_in_ledger(self, turn: int) -> None:
-        self._forget_old_turns(turn)
-
-    def _forget_old_turns(self, turn: int) -> None:
-        """``turn`` is over: what is kept of each turn for late reports, only for the last few."""
         self.ledger.finished(turn)
-        for old in [t for t in self._told if t < turn - RECENT_TURNS]:
-            del self._told[old]
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -726,7 +715,7 @@ class SessionRuntime(SessionProcessor):
             "last_turn": self.last_turn,
             "next_index": self.next_index,
             "initial_message_sent": self.initial_message_sent,
-            "told": {str(turn): n for turn, n in self._told.items()},
+            "told": {str(turn): n for turn, n in self.ledger.told.items()},
             "nodes": {node.id: snapshot.capture(node, long_lists=False) for node in self.nodes if node.id},
             "routes": {e.key: e.durable_state() for e in self.executors},
         }
@@ -796,7 +785,7 @@ class SessionRuntime(SessionProcessor):
         self.last_turn = int(state.get("last_turn", 0))
         self.next_index = int(state.get("next_index", 0))
         self.initial_message_sent = bool(state.get("initial_message_sent", False))
-        self._told = {int(turn): int(n) for turn, n in state.get("told", {}).items()}
+        self.ledger.told = {int(turn): int(n) for turn, n in state.get("told", {}).items()}
         by_id = {node.id: node for node in self.nodes}
         for node_id, attrs in state.get("nodes", {}).items():
             node = by_id.get(node_id)

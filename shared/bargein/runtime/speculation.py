@@ -37,7 +37,7 @@ class Speculation:
     from_index: int  # the dispatch index of its first event: what is undone is from here on
     last_turn: int  # the session's turn counter before it: numbers it took go back (nobody saw them)
     saved: SavedNodes  # the nodes as they were
-    told: dict[int, int]  # what the bridges had been told of each turn (SessionRuntime._told)
+    told: dict[int, int]  # what the bridges had been told of each turn (DeliveryLedger.told)
     held: list[Action] = field(default_factory=list)  # what goes out if it is confirmed, in order
     reports: list[Message] = field(default_factory=list)  # delivery reports applied meanwhile
     words_confirmed: bool = False  # the same words came again: the stop that follows confirms it
